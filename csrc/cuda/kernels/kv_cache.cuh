@@ -1,0 +1,144 @@
+// KV-cache compaction and paged rollback: row addressing shared by the CPU and CUDA kernels,
+// and the CUDA kernels themselves. No torch includes.
+//
+// A "row" is the D contiguous elements of one (request, head, position) of one cache tensor.
+// Everything here moves raw bytes, so one instantiation serves every dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernels/common.cuh"
+
+namespace specdec {
+
+// Row offsets (bytes from a cache tensor's base) for caches laid out [B, H, S, D].
+struct ContiguousRows {
+  int64_t stride_b;
+  int64_t stride_h;
+  int64_t stride_s;
+
+  template <typename index_t>
+  SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
+    return b * stride_b + h * stride_h + static_cast<int64_t>(position) * stride_s;
+  }
+};
+
+// Row offsets for paged caches laid out [num_blocks, block_size, H, D]: logical position p of
+// request b lives in slot p % block_size of block block_tables[b, p / block_size].
+template <typename index_t>
+struct PagedRows {
+  const index_t* block_tables;  // [B, max_blocks]
+  int64_t max_blocks;
+  int64_t block_size;
+  int64_t stride_block;
+  int64_t stride_slot;
+  int64_t stride_h;
+
+  SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
+    const int64_t p = static_cast<int64_t>(position);
+    const int64_t block = static_cast<int64_t>(block_tables[b * max_blocks + p / block_size]);
+    return block * stride_block + (p % block_size) * stride_slot + h * stride_h;
+  }
+};
+
+// Every cache tensor of one call (e.g. K and V of every layer), passed by value to the kernel
+// so that a single launch covers all layers without a device-side pointer table.
+constexpr int kMaxCacheTensors = 256;
+struct CacheTensorTable {
+  char* base[kMaxCacheTensors];
+};
+
+struct CompactShape {
+  int num_tensors;
+  int batch;
+  int num_heads;
+  int max_accepted;     // columns of accept_positions
+  int64_t row_bytes;    // D * element size
+  int64_t chunk_bytes;  // bytes of each row one CUDA block moves (a multiple of the vector width)
+};
+
+#if defined(__CUDACC__)
+
+// grid.x = num_tensors * batch * num_heads, grid.y = row chunks; dynamic shared memory holds
+// max_accepted * chunk_bytes. Each block gathers its rows into shared memory, then scatters
+// them: no destination is written before every source is read, so overlap is harmless.
+template <typename vec_t, typename index_t, typename Rows>
+__global__ void compact_kv_rows_kernel(CacheTensorTable tensors, Rows rows, CompactShape shape,
+                                       const index_t* __restrict__ accept_positions,
+                                       const index_t* __restrict__ num_accepted,
+                                       const index_t* __restrict__ cache_lens) {
+  extern __shared__ __align__(16) unsigned char staging_bytes[];
+  vec_t* staging = reinterpret_cast<vec_t*>(staging_bytes);
+
+  const int64_t h = blockIdx.x % shape.num_heads;
+  const int64_t b = (blockIdx.x / shape.num_heads) % shape.batch;
+  const int64_t t = blockIdx.x / (static_cast<int64_t>(shape.num_heads) * shape.batch);
+  const int n = static_cast<int>(num_accepted[b]);
+  if (n <= 0) return;
+
+  const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * shape.chunk_bytes;
+  const int64_t chunk_len = shape.row_bytes - chunk_begin < shape.chunk_bytes
+                                ? shape.row_bytes - chunk_begin
+                                : shape.chunk_bytes;
+  const int vecs_per_row = static_cast<int>(chunk_len / sizeof(vec_t));
+  const int total = n * vecs_per_row;
+  char* base = tensors.base[t] + chunk_begin;
+  const index_t* positions = accept_positions + b * shape.max_accepted;
+
+  for (int k = threadIdx.x; k < total; k += blockDim.x) {
+    const int i = k / vecs_per_row;
+    const int v = k - i * vecs_per_row;
+    staging[k] = reinterpret_cast<const vec_t*>(base + rows.offset(b, h, positions[i]))[v];
+  }
+  __syncthreads();
+  const index_t dst_start = cache_lens[b];
+  for (int k = threadIdx.x; k < total; k += blockDim.x) {
+    const int i = k / vecs_per_row;
+    const int v = k - i * vecs_per_row;
+    reinterpret_cast<vec_t*>(base + rows.offset(b, h, dst_start + i))[v] = staging[k];
+  }
+}
+
+// Runs after compact_kv_rows_kernel on the same stream, so no block still reads cache_lens.
+template <typename index_t>
+__global__ void advance_cache_lens_kernel(index_t* __restrict__ cache_lens,
+                                          const index_t* __restrict__ num_accepted, int batch) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < batch) cache_lens[b] += num_accepted[b];
+}
+
+// One warp per request: frees every allocated block at or after the first block the new length
+// no longer needs, compacting the freed ids to the left of freed_blocks[b] with a warp ballot.
+template <typename index_t>
+__global__ void rollback_paged_kernel(index_t* __restrict__ block_tables,
+                                      index_t* __restrict__ cache_lens,
+                                      const index_t* __restrict__ new_lens,
+                                      index_t* __restrict__ freed_blocks, int batch,
+                                      int64_t max_blocks, int64_t block_size) {
+  const int warps_per_block = blockDim.x / 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= batch) return;
+  const int64_t keep = ceil_div<int64_t>(static_cast<int64_t>(new_lens[b]), block_size);
+  index_t* table = block_tables + b * max_blocks;
+  index_t* freed = freed_blocks + b * max_blocks;
+  int64_t written = 0;
+  for (int64_t base = 0; base < max_blocks; base += 32) {
+    const int64_t j = base + lane;
+    index_t block = j < max_blocks ? table[j] : index_t(-1);
+    const bool frees = j < max_blocks && j >= keep && block >= 0;
+    const unsigned mask = __ballot_sync(0xffffffffu, frees);
+    const int64_t slot = written + __popc(mask & ((1u << lane) - 1u));
+    if (frees) {
+      freed[slot] = block;
+      table[j] = -1;
+    }
+    written += __popc(mask);
+  }
+  for (int64_t j = written + lane; j < max_blocks; j += 32) freed[j] = -1;
+  if (lane == 0) cache_lens[b] = new_lens[b];
+}
+
+#endif  // __CUDACC__
+
+}  // namespace specdec

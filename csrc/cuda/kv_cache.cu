@@ -1,0 +1,170 @@
+// CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh).
+//
+// Index values are validated on the host before anything is written (one small device-to-host
+// copy), except while a CUDA graph is being captured, where no copy is allowed: then the caller
+// is trusted, as in every other graph-captured kernel.
+
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "cuda/kernels/kv_cache.cuh"
+#include "kv_cache_common.h"
+
+namespace specdec {
+namespace {
+
+constexpr int kCompactThreads = 128;
+constexpr int64_t kStagingBytes = 32 * 1024;
+
+bool capturing_graph() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+// Widest access (16, 8, 4, 2 or 1 bytes) that divides every byte offset the kernel forms.
+int vector_width(at::TensorList caches, std::initializer_list<int64_t> byte_quantities) {
+  for (int width : {16, 8, 4, 2}) {
+    bool ok = true;
+    for (int64_t q : byte_quantities) ok = ok && q % width == 0;
+    for (const at::Tensor& c : caches)
+      ok = ok && reinterpret_cast<uintptr_t>(c.data_ptr()) % width == 0;
+    if (ok) return width;
+  }
+  return 1;
+}
+
+template <typename index_t, typename Rows>
+void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int64_t heads,
+                    int64_t row_bytes, int width, const at::Tensor& cache_lens,
+                    const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
+  const int64_t max_accepted = accept_positions.size(1);
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  if (batch > 0 && max_accepted > 0 && row_bytes > 0) {
+    TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
+                max_accepted, " is too large: at most ", kStagingBytes / width,
+                " accepted rows per request for this row width");
+    int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
+    chunk -= chunk % width;
+    CacheTensorTable table{};
+    for (size_t i = 0; i < caches.size(); ++i) table.base[i] = static_cast<char*>(caches[i].data_ptr());
+    const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
+                             static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
+                             chunk};
+    const dim3 grid(static_cast<unsigned>(caches.size() * batch * heads),
+                    static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
+    const size_t smem = static_cast<size_t>(max_accepted * chunk);
+    const index_t* positions = accept_positions.const_data_ptr<index_t>();
+    const index_t* counts = num_accepted.const_data_ptr<index_t>();
+    const index_t* lens = cache_lens.const_data_ptr<index_t>();
+    auto launch = [&](auto vec_tag) {
+      using vec_t = decltype(vec_tag);
+      compact_kv_rows_kernel<vec_t, index_t, Rows><<<grid, kCompactThreads, smem, stream>>>(
+          table, rows, shape, positions, counts, lens);
+    };
+    switch (width) {
+      case 16: launch(uint4{}); break;
+      case 8: launch(uint2{}); break;
+      case 4: launch(uint32_t{}); break;
+      case 2: launch(uint16_t{}); break;
+      default: launch(uint8_t{}); break;
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (batch > 0) {
+    advance_cache_lens_kernel<index_t><<<ceil_div<int64_t>(batch, 256), 256, 0, stream>>>(
+        cache_lens.mutable_data_ptr<index_t>(), num_accepted.const_data_ptr<index_t>(),
+        static_cast<int>(batch));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
+                           const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[B, H, S, D]");
+  const ContiguousGeometry g = contiguous_geometry(caches[0]);
+  check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
+  const c10::cuda::CUDAGuard guard(caches[0].device());
+  AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cuda", [&] {
+    if (!capturing_graph()) {
+      const int64_t capacity = g.capacity;
+      check_compact_values<index_t>(
+          cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
+          [capacity](int64_t, int64_t p) { return p >= 0 && p < capacity; },
+          "positions must be < S, the cache's capacity");
+    }
+    const int width = vector_width(
+        caches, {g.row_bytes, g.rows.stride_b, g.rows.stride_h, g.rows.stride_s});
+    launch_compact<index_t>(caches, g.rows, g.batch, g.heads, g.row_bytes, width, cache_lens,
+                            accept_positions, num_accepted);
+  });
+}
+
+void compact_paged_kv_cache_cuda(at::TensorList caches, const at::Tensor& block_tables,
+                                 const at::Tensor& cache_lens, const at::Tensor& accept_positions,
+                                 const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[num_blocks, block_size, H, D]");
+  const PagedGeometry g = paged_geometry(caches[0]);
+  check_index_dtype(block_tables, "block_tables");
+  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must have shape [B, max_blocks], got ",
+              block_tables.sizes());
+  const int64_t batch = block_tables.size(0);
+  check_compact_indices(cache_lens, accept_positions, num_accepted, batch, caches[0].device());
+  check_tensor(block_tables, "block_tables", block_tables.sizes(), cache_lens.scalar_type(),
+               caches[0].device());
+  const c10::cuda::CUDAGuard guard(caches[0].device());
+  AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cuda", [&] {
+    const int64_t max_blocks = block_tables.size(1);
+    if (!capturing_graph()) {
+      const at::Tensor tables_cpu = block_tables.cpu();
+      check_compact_values<index_t>(
+          cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
+          PagedPositionCheck<index_t>{tables_cpu.const_data_ptr<index_t>(), max_blocks,
+                                      g.block_size, g.num_blocks},
+          "its block must be allocated in block_tables");
+    }
+    const PagedRows<index_t> rows{block_tables.const_data_ptr<index_t>(),
+                                  max_blocks,
+                                  g.block_size,
+                                  g.stride_block,
+                                  g.stride_slot,
+                                  g.stride_h};
+    const int width = vector_width(
+        caches, {g.row_bytes, g.stride_block, g.stride_slot, g.stride_h});
+    launch_compact<index_t>(caches, rows, batch, g.heads, g.row_bytes, width, cache_lens,
+                            accept_positions, num_accepted);
+  });
+}
+
+void rollback_paged_kv_cache_cuda(const at::Tensor& block_tables, const at::Tensor& cache_lens,
+                                  const at::Tensor& new_lens, int64_t block_size,
+                                  const at::Tensor& freed_blocks) {
+  check_rollback_args(block_tables, cache_lens, new_lens, block_size, freed_blocks);
+  const int64_t batch = block_tables.size(0);
+  if (batch == 0) return;
+  const c10::cuda::CUDAGuard guard(block_tables.device());
+  AT_DISPATCH_INDEX_TYPES(block_tables.scalar_type(), "rollback_paged_kv_cache_cuda", [&] {
+    if (!capturing_graph()) check_rollback_values<index_t>(cache_lens.cpu(), new_lens.cpu());
+    constexpr int kWarps = 4;
+    rollback_paged_kernel<index_t>
+        <<<ceil_div<int64_t>(batch, kWarps), kWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
+            block_tables.mutable_data_ptr<index_t>(), cache_lens.mutable_data_ptr<index_t>(),
+            new_lens.const_data_ptr<index_t>(), freed_blocks.mutable_data_ptr<index_t>(),
+            static_cast<int>(batch), block_tables.size(1), block_size);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("compact_kv_cache_", &compact_kv_cache_cuda);
+  m.impl("compact_paged_kv_cache_", &compact_paged_kv_cache_cuda);
+  m.impl("rollback_paged_kv_cache_", &rollback_paged_kv_cache_cuda);
+}
+
+}  // namespace specdec

@@ -1,0 +1,126 @@
+// CPU kernels of the KV-cache ops. One task per (cache tensor, request, head); each task
+// stages its accepted rows in a buffer before writing them back, so overlapping sources and
+// destinations are safe.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kv_cache_common.h"
+
+namespace specdec {
+namespace {
+
+template <typename index_t, typename Rows>
+void compact_rows_cpu(at::TensorList caches, const Rows& rows, int64_t batch, int64_t heads,
+                      int64_t row_bytes, const at::Tensor& cache_lens,
+                      const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
+  std::vector<char*> bases;
+  for (const at::Tensor& c : caches) bases.push_back(static_cast<char*>(c.data_ptr()));
+  const int64_t max_accepted = accept_positions.size(1);
+  const index_t* positions = accept_positions.const_data_ptr<index_t>();
+  const index_t* counts = num_accepted.const_data_ptr<index_t>();
+  index_t* lens = cache_lens.mutable_data_ptr<index_t>();
+  const int64_t tasks = static_cast<int64_t>(bases.size()) * batch * heads;
+
+  at::parallel_for(0, tasks, 16, [&](int64_t begin, int64_t end) {
+    std::vector<char> staging;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task % heads;
+      const int64_t b = (task / heads) % batch;
+      char* base = bases[task / (heads * batch)];
+      const int64_t n = counts[b];
+      if (n <= 0) continue;
+      staging.resize(n * row_bytes);
+      const index_t* src = positions + b * max_accepted;
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(staging.data() + i * row_bytes, base + rows.offset(b, h, src[i]), row_bytes);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(base + rows.offset(b, h, lens[b] + static_cast<index_t>(i)),
+                    staging.data() + i * row_bytes, row_bytes);
+    }
+  });
+  for (int64_t b = 0; b < batch; ++b) lens[b] += counts[b];
+}
+
+void compact_kv_cache_cpu(at::TensorList caches, const at::Tensor& cache_lens,
+                          const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[B, H, S, D]");
+  const ContiguousGeometry g = contiguous_geometry(caches[0]);
+  check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
+  AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cpu", [&] {
+    const int64_t capacity = g.capacity;
+    check_compact_values<index_t>(
+        cache_lens, accept_positions, num_accepted,
+        [capacity](int64_t, int64_t p) { return p >= 0 && p < capacity; },
+        "positions must be < S, the cache's capacity");
+    compact_rows_cpu<index_t>(caches, g.rows, g.batch, g.heads, g.row_bytes, cache_lens,
+                              accept_positions, num_accepted);
+  });
+}
+
+void compact_paged_kv_cache_cpu(at::TensorList caches, const at::Tensor& block_tables,
+                                const at::Tensor& cache_lens, const at::Tensor& accept_positions,
+                                const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[num_blocks, block_size, H, D]");
+  const PagedGeometry g = paged_geometry(caches[0]);
+  check_index_dtype(block_tables, "block_tables");
+  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must have shape [B, max_blocks], got ",
+              block_tables.sizes());
+  const int64_t batch = block_tables.size(0);
+  check_compact_indices(cache_lens, accept_positions, num_accepted, batch, caches[0].device());
+  check_tensor(block_tables, "block_tables", block_tables.sizes(), cache_lens.scalar_type(),
+               caches[0].device());
+  AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cpu", [&] {
+    const index_t* tables = block_tables.const_data_ptr<index_t>();
+    const int64_t max_blocks = block_tables.size(1);
+    check_compact_values<index_t>(
+        cache_lens, accept_positions, num_accepted,
+        PagedPositionCheck<index_t>{tables, max_blocks, g.block_size, g.num_blocks},
+        "its block must be allocated in block_tables");
+    const PagedRows<index_t> rows{tables,        max_blocks,    g.block_size,
+                                  g.stride_block, g.stride_slot, g.stride_h};
+    compact_rows_cpu<index_t>(caches, rows, batch, g.heads, g.row_bytes, cache_lens,
+                              accept_positions, num_accepted);
+  });
+}
+
+void rollback_paged_kv_cache_cpu(const at::Tensor& block_tables, const at::Tensor& cache_lens,
+                                 const at::Tensor& new_lens, int64_t block_size,
+                                 const at::Tensor& freed_blocks) {
+  check_rollback_args(block_tables, cache_lens, new_lens, block_size, freed_blocks);
+  AT_DISPATCH_INDEX_TYPES(block_tables.scalar_type(), "rollback_paged_kv_cache_cpu", [&] {
+    check_rollback_values<index_t>(cache_lens, new_lens);
+    const int64_t max_blocks = block_tables.size(1);
+    index_t* tables = block_tables.mutable_data_ptr<index_t>();
+    index_t* lens = cache_lens.mutable_data_ptr<index_t>();
+    index_t* freed = freed_blocks.mutable_data_ptr<index_t>();
+    const index_t* targets = new_lens.const_data_ptr<index_t>();
+    for (int64_t b = 0; b < block_tables.size(0); ++b) {
+      const int64_t keep = ceil_div<int64_t>(targets[b], block_size);
+      int64_t written = 0;
+      for (int64_t j = keep; j < max_blocks; ++j) {
+        index_t& entry = tables[b * max_blocks + j];
+        if (entry >= 0) {
+          freed[b * max_blocks + written++] = entry;
+          entry = -1;
+        }
+      }
+      for (int64_t j = written; j < max_blocks; ++j) freed[b * max_blocks + j] = -1;
+      lens[b] = targets[b];
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("compact_kv_cache_", &compact_kv_cache_cpu);
+  m.impl("compact_paged_kv_cache_", &compact_paged_kv_cache_cpu);
+  m.impl("rollback_paged_kv_cache_", &rollback_paged_kv_cache_cpu);
+}
+
+}  // namespace specdec

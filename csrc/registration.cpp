@@ -1,0 +1,42 @@
+// The one place where every specdec operator schema is declared.
+//
+// CPU kernels register themselves in csrc/*.cpp, CUDA kernels in csrc/cuda/*.cu, fake (meta)
+// kernels in specdec_kernels/ops.py. Mutating ops end in `_`, mark what they write with
+// `Tensor(a!)` and return nothing; outputs have fixed shapes (-1 padded) so every op is
+// CUDA-graph safe and its fake kernel is trivial.
+
+#include <Python.h>
+#include <torch/library.h>
+
+extern "C" {
+// An empty module: importing specdec_kernels._C loads this library, whose static initialisers
+// below register the operators with the dispatcher.
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+TORCH_LIBRARY(specdec, m) {
+  // ---------------------------------------------------------------- KV-cache rollback
+  // For each request b, move rows accept_positions[b, :num_accepted[b]] of every cache tensor
+  // ([B, H, S, D], all alike) to rows cache_lens[b] .. cache_lens[b] + num_accepted[b] - 1
+  // (as if all rows were read before any is written), then cache_lens += num_accepted.
+  m.def(
+      "compact_kv_cache_(Tensor(a!)[] caches, Tensor(b!) cache_lens, Tensor accept_positions, "
+      "Tensor num_accepted) -> ()");
+  // The same through a block table: caches [num_blocks, block_size, H, D], block_tables
+  // [B, max_blocks]; logical position p of request b lives in block block_tables[b, p // block_size].
+  m.def(
+      "compact_paged_kv_cache_(Tensor(a!)[] caches, Tensor block_tables, Tensor(b!) cache_lens, "
+      "Tensor accept_positions, Tensor num_accepted) -> ()");
+  // Truncate each request to new_lens[b] <= cache_lens[b]: blocks no longer needed are written to
+  // freed_blocks[b] (left-aligned, -1 padded) and set to -1 in block_tables.
+  m.def(
+      "rollback_paged_kv_cache_(Tensor(a!) block_tables, Tensor(b!) cache_lens, Tensor new_lens, "
+      "int block_size, Tensor(c!) freed_blocks) -> ()");
+
+  // ---------------------------------------------------------------- verification
+
+  // ---------------------------------------------------------------- tree attention
+}

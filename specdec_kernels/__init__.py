@@ -1,0 +1,14 @@
+"""specdec_kernels: speculative-decoding kernels for PyTorch.
+
+Importing the package loads the compiled operators into ``torch.ops.specdec`` (CPU kernels
+always, CUDA kernels when the extension was built with them) and their fake kernels, so the
+ops work under ``torch.compile``. Typed wrappers live in :mod:`specdec_kernels.ops`, the
+executable specification of every op in :mod:`specdec_kernels.reference`.
+"""
+
+from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
+from specdec_kernels import ops
+from specdec_kernels._build import build_info, has_cuda_kernels
+
+__all__ = ["build_info", "has_cuda_kernels", "ops"]
+__version__ = "0.1.0"
