@@ -1,0 +1,50 @@
+"""Speculative decoding on Hugging Face causal LMs: one propose -> verify -> commit step shared
+by every method; methods differ only in the drafter.
+
+- :func:`generate`: the one-call API.
+- Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
+  :class:`PromptLookupDrafter` (subclass :class:`Drafter` for more).
+- :class:`Engine`, :class:`ModelRunner`, :class:`KVCache`: the parts, for harnesses.
+"""
+
+from specdec_kernels.decoding.api import DRAFTER_NAMES, GenerationOutput, generate, make_drafter
+from specdec_kernels.decoding.cache import KVCache
+from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
+from specdec_kernels.decoding.draft_model import DraftModelDrafter
+from specdec_kernels.decoding.drafter import (
+    ChainProposal,
+    DecodeState,
+    Drafter,
+    NoDrafter,
+    StepOutcome,
+    TreeProposal,
+)
+from specdec_kernels.decoding.engine import Engine, EngineOutput, StopCriteria
+from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
+from specdec_kernels.decoding.runner import ModelRunner
+from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
+from specdec_kernels.decoding.stats import RequestStats, RunStats
+
+__all__ = [
+    "DRAFTER_NAMES",
+    "AutoregressiveDrafter",
+    "ChainProposal",
+    "DecodeState",
+    "DraftModelDrafter",
+    "Drafter",
+    "Engine",
+    "EngineOutput",
+    "GenerationOutput",
+    "KVCache",
+    "ModelRunner",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "RequestStats",
+    "RunStats",
+    "SelfSpeculativeDrafter",
+    "StepOutcome",
+    "StopCriteria",
+    "TreeProposal",
+    "generate",
+    "make_drafter",
+]

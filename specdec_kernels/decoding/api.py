@@ -1,0 +1,270 @@
+"""``specdec_kernels.generate``: speculative decoding on a Hugging Face model in one call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from specdec_kernels.decoding import step
+from specdec_kernels.decoding.draft_model import DraftModelDrafter
+from specdec_kernels.decoding.drafter import Drafter
+from specdec_kernels.decoding.engine import Engine, StopCriteria
+from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
+from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
+from specdec_kernels.decoding.stats import RunStats
+
+__all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
+
+#: Names accepted by ``generate(drafter=...)`` and the command line.
+DRAFTER_NAMES = ("none", "prompt-lookup", "self-speculative", "draft-model")
+
+
+@dataclass
+class GenerationOutput:
+    """What :func:`generate` returns.
+
+    Attributes
+    ----------
+    tokens : list of list of int
+        New tokens per request (the prompt excluded; EOS included when it ended the request).
+    text : list of str or None
+        The new tokens decoded (special tokens skipped) when a tokenizer is known.
+    finish_reasons : list of str
+        ``"eos"``, ``"stop_string"`` or ``"length"`` per request.
+    prompt_tokens : list of list of int
+        The token ids each request started from (after the chat template).
+    stats : RunStats
+        Speed and acceptance figures, per run and per request.
+    """
+
+    tokens: list
+    text: list | None
+    finish_reasons: list
+    prompt_tokens: list
+    stats: RunStats
+
+
+def make_drafter(name: str | None, *, draft_model=None, draft_tokenizer=None, **options) -> Drafter | None:
+    """A drafter from its command-line name (see :data:`DRAFTER_NAMES`).
+
+    Parameters
+    ----------
+    name : str or None
+        ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``, ``"self-speculative"`` or
+        ``"draft-model"`` (needs ``draft_model``).
+    draft_model : transformers.PreTrainedModel, optional
+    draft_tokenizer : optional
+    **options
+        Passed to the drafter's constructor.
+    """
+    if name is None or name == "none":
+        if options or draft_model is not None:
+            raise ValueError("drafter options were given without a drafter")
+        return None
+    if name == "prompt-lookup":
+        return PromptLookupDrafter(**options)
+    if name == "self-speculative":
+        return SelfSpeculativeDrafter(**options)
+    if name == "draft-model":
+        if draft_model is None:
+            raise ValueError("the draft-model drafter needs draft_model=...")
+        return DraftModelDrafter(draft_model, tokenizer=draft_tokenizer, **options)
+    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+
+
+def _per_request(value, batch: int, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} entries for {batch} requests")
+        return list(value)
+    return [value] * batch
+
+
+def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
+    """Normalise ``inputs`` to lists of token ids, checking devices and emptiness."""
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() == 1:
+            inputs = inputs[None]
+        if inputs.dim() != 2:
+            raise ValueError(f"input_ids must be [B, P] or [P], got shape {tuple(inputs.shape)}")
+        inputs = list(inputs.unbind(0))
+    if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
+        raise ValueError("inputs must be a prompt, a list of prompts or of token id lists, or a tensor")
+    if all(isinstance(x, str) for x in inputs):
+        if tokenizer is None:
+            raise ValueError("text prompts need a tokenizer (pass tokenizer=...)")
+        from specdec_kernels.models import encode_prompts
+
+        return encode_prompts(tokenizer, inputs, chat_template=chat_template)
+    tensor_devices = {x.device for x in inputs if isinstance(x, torch.Tensor)}
+    if len(tensor_devices) > 1:
+        names = ", ".join(sorted(str(d) for d in tensor_devices))
+        raise ValueError(f"the prompts' tensors are on several devices ({names}); use one")
+    if tensor_devices and (d := tensor_devices.pop()) not in (torch.device("cpu"), device):
+        raise ValueError(f"the prompts are on {d} but the model is on {device}")
+    lists = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            if x.dim() != 1:
+                raise ValueError(f"each prompt tensor must be 1-D, got shape {tuple(x.shape)}")
+            x = x.tolist()
+        if isinstance(x, str):
+            raise ValueError("mix of text and token-id prompts; use one kind")
+        lists.append([int(t) for t in x])
+    return lists
+
+
+def _eos_ids(model, tokenizer, eos_token_id) -> set:
+    if eos_token_id is not None:
+        ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        return set(int(i) for i in ids)
+    ids = set()
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def generate(
+    model,
+    inputs,
+    *,
+    drafter: Drafter | str | None = None,
+    tokenizer=None,
+    max_new_tokens: int | Sequence[int] = 128,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    min_p: float | Sequence[float] = 0.0,
+    seed: int | Sequence[int] = 0,
+    stop_strings: str | Sequence[str] | Sequence[Sequence[str]] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    chat_template: bool = True,
+    draft_model=None,
+    draft_tokenizer=None,
+) -> GenerationOutput:
+    """Generate from a causal LM with speculative decoding (or plainly, without a drafter).
+
+    The output equals what the target alone produces: token for token when greedy, in
+    distribution when sampling.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel, LoadedModel or str
+        The target. A :class:`~specdec_kernels.models.LoadedModel` brings its tokenizer; a
+        string is loaded with :func:`~specdec_kernels.models.load_model` (``"default"``, a
+        folder or a ``.gguf`` file).
+    inputs : str, list of str, list of list of int, Tensor or list of Tensor
+        Prompts as text (the chat template is applied when the tokenizer has one and
+        ``chat_template``) or token ids (``[B, P]`` / ``[P]`` tensors or ragged lists).
+    drafter : Drafter or str, optional
+        A drafter object, or one of ``"prompt-lookup"``, ``"self-speculative"``,
+        ``"draft-model"`` (with ``draft_model``), ``"none"``. Plain decoding when ``None``.
+    tokenizer : optional
+        The target's tokenizer (needed for text prompts, stop strings and returned text).
+    max_new_tokens : int or sequence of int
+        Per request (>= 1).
+    temperature, top_k, top_p, min_p : scalar or sequence
+        Sampling parameters per request; temperature 0 is greedy.
+    seed : int or sequence of int
+        Random seed per request (a request's samples do not depend on the rest of the batch).
+    stop_strings : str, sequence of str, or one sequence per request, optional
+        Generation of a request ends with the token that completes one of them.
+    eos_token_id : int or sequence of int, optional
+        End-of-sequence ids; by default the model's generation config's and the
+        tokenizer's. Pass ``[]`` to never stop at EOS.
+    chat_template : bool
+        Apply the tokenizer's chat template to text prompts.
+    draft_model, draft_tokenizer : optional
+        The draft model (and its tokenizer, checked against the target's) for
+        ``drafter="draft-model"``.
+
+    Returns
+    -------
+    GenerationOutput
+
+    Raises
+    ------
+    ValueError
+        Empty prompts, ``max_new_tokens < 1``, bad sampling parameters, prompts on another
+        device than the model, token ids outside the vocabulary, or a draft model whose
+        tokenizer differs from the target's.
+    """
+    if isinstance(model, str):
+        from specdec_kernels.models import load_model
+
+        model = load_model(model)
+    if hasattr(model, "model") and hasattr(model, "tokenizer") and hasattr(model, "source"):
+        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+        model = model.model
+    if hasattr(draft_model, "model") and hasattr(draft_model, "tokenizer"):
+        draft_tokenizer = draft_tokenizer if draft_tokenizer is not None else draft_model.tokenizer
+        draft_model = draft_model.model
+    if isinstance(drafter, str):
+        drafter = make_drafter(drafter, draft_model=draft_model, draft_tokenizer=draft_tokenizer)
+    elif draft_model is not None:
+        raise ValueError('draft_model was given: pass drafter="draft-model" to use it')
+
+    engine = Engine(model, drafter, tokenizer)
+    device = engine.runner.device
+    prompts = _as_token_lists(inputs, tokenizer, chat_template, device)
+    batch = len(prompts)
+    vocab = engine.runner.vocab_size
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+
+    limits = _per_request(max_new_tokens, batch, "max_new_tokens")
+    if any(int(n) < 1 for n in limits):
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    temps = _per_request(temperature, batch, "temperature")
+    if any(t < 0 for t in temps):
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    tops = _per_request(top_p, batch, "top_p")
+    if any(not 0 < p <= 1 for p in tops):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    ks = _per_request(top_k, batch, "top_k")
+    if any(k < 0 for k in ks):
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    min_ps = _per_request(min_p, batch, "min_p")
+    if any(not 0 <= m < 1 for m in min_ps):
+        raise ValueError(f"min_p must be in [0, 1), got {min_p}")
+    params = step.SamplingParams.create(
+        batch,
+        temperature=temps,
+        top_k=ks,
+        top_p=tops,
+        min_p=min_ps,
+        seed=_per_request(seed, batch, "seed"),
+        device=device,
+    )
+
+    if stop_strings is None:
+        stops = [[] for _ in range(batch)]
+    elif isinstance(stop_strings, str):
+        stops = [[stop_strings] for _ in range(batch)]
+    elif all(isinstance(s, str) for s in stop_strings):
+        stops = [list(stop_strings) for _ in range(batch)]
+    else:
+        stops = [[s] if isinstance(s, str) else list(s) for s in stop_strings]
+        if len(stops) != batch:
+            raise ValueError(f"stop_strings has {len(stops)} entries for {batch} requests")
+    if any(stops) and tokenizer is None:
+        raise ValueError("stop_strings need a tokenizer (pass tokenizer=...)")
+    stop = StopCriteria(
+        [int(n) for n in limits], _eos_ids(model, tokenizer, eos_token_id), stops, tokenizer
+    )
+
+    result = engine.run(prompts, params, stop)
+    text = None
+    if tokenizer is not None:
+        text = [tokenizer.decode(t, skip_special_tokens=True) for t in result.tokens]
+    return GenerationOutput(result.tokens, text, result.finish_reasons, prompts, result.stats)

@@ -1,0 +1,152 @@
+"""Drafters that run a model autoregressively for ``K`` tokens (a draft model, or the target's
+own first layers), with a fixed or adaptive ``K`` and an optional confidence cut-off."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdec_kernels.decoding import step
+from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, StepOutcome
+
+__all__ = ["AutoregressiveDrafter"]
+
+# Pads draft logits up to the target's vocabulary: never drawn, finite for the sampler.
+_NEVER = -1e30
+
+
+class AutoregressiveDrafter(Drafter):
+    """Base class: draft a chain token by token from a model's logits.
+
+    Subclasses provide :meth:`_first_logits` (after the pending token) and
+    :meth:`_next_logits` (after draft ``i``).
+
+    Parameters
+    ----------
+    num_draft : int
+        Drafts per step ``K`` (the starting value when ``adaptive``).
+    adaptive : bool
+        Grow ``K`` by 2 after a step where every request accepted all its drafts, shrink it
+        by 1 otherwise, within ``[min_draft, max_draft]``.
+    min_draft, max_draft : int
+        Bounds of an adaptive ``K``.
+    confidence_threshold : float, optional
+        Stop drafting for a request once the draft's top probability falls below this value
+        (the uncertain token is not proposed). The loop stops when every request has
+        stopped, which reads the device once per drafted token; ``None`` (default) never
+        stops early and reads nothing.
+    """
+
+    def __init__(
+        self,
+        num_draft: int = 4,
+        *,
+        adaptive: bool = False,
+        min_draft: int = 1,
+        max_draft: int = 8,
+        confidence_threshold: float | None = None,
+    ):
+        if not 1 <= min_draft <= max_draft:
+            raise ValueError(f"need 1 <= min_draft <= max_draft, got {min_draft}, {max_draft}")
+        if num_draft < 1 or (adaptive and not min_draft <= num_draft <= max_draft):
+            raise ValueError(
+                f"num_draft must be >= 1 (and within [min_draft, max_draft] when adaptive), "
+                f"got {num_draft}"
+            )
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.num_draft = num_draft
+        self.adaptive = adaptive
+        self.min_draft = min_draft
+        self.max_draft = max_draft
+        self.confidence_threshold = confidence_threshold
+        self._k = num_draft
+        self._drafted = 0
+        self._vocab = 0
+
+    def bind(self, runner, tokenizer) -> None:
+        self._vocab = runner.vocab_size
+
+    def max_block_width(self) -> int:
+        return (self.max_draft if self.adaptive else self.num_draft) + 1
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "num_draft": self.num_draft,
+            "adaptive": self.adaptive,
+            "max_draft": self.max_draft,
+            "confidence_threshold": self.confidence_threshold,
+        }
+
+    def start(self, state: DecodeState) -> None:
+        self._k = self.num_draft
+
+    # ------------------------------------------------------------------ to implement
+
+    def _first_logits(self, state: DecodeState) -> Tensor:
+        """``[B, V']`` logits after each request's pending token."""
+        raise NotImplementedError
+
+    def _next_logits(self, state: DecodeState, tokens: Tensor, depth: int) -> Tensor:
+        """``[B, V']`` logits after draft ``depth`` (``tokens``, ``[B]``), placed at row
+        ``starts[b] + depth``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ drafting
+
+    def _target_vocab(self, logits: Tensor) -> Tensor:
+        """Logits over exactly the target's vocabulary (float32)."""
+        logits = logits.float()
+        extra = self._vocab - logits.shape[-1]
+        if extra > 0:
+            logits = torch.nn.functional.pad(logits, (0, extra), value=_NEVER)
+        elif extra < 0:
+            logits = logits[:, : self._vocab]
+        return logits
+
+    def propose(self, state: DecodeState) -> ChainProposal:
+        batch = state.batch
+        k = min(self._k, max(state.remaining) - 1)
+        if k <= 0:
+            self._drafted = 0
+            empty = state.pending.new_zeros((batch, 0))
+            return ChainProposal(empty, state.pending.new_zeros(batch), [0] * batch)
+        want_probs = not state.greedy
+        threshold = self.confidence_threshold
+        logits = self._target_vocab(self._first_logits(state))
+        tokens, probs, confident = [], [], []
+        for i in range(k):
+            offsets = state.offsets + i
+            if want_probs:
+                token, q = step.sample_with_probs(logits, state.draft_params, offsets)
+                probs.append(q)
+            else:
+                token = step.sample(logits, state.draft_params, offsets)
+            tokens.append(token)
+            if threshold is not None:
+                top = torch.softmax(logits, -1).amax(-1)
+                confident.append(top >= threshold)
+                if not bool(torch.stack(confident, 1).all(1).any()):  # device read (opt-in)
+                    break
+            if i + 1 < k:
+                logits = self._target_vocab(self._next_logits(state, token, i + 1))
+        self._drafted = len(tokens)
+        drafts = torch.stack(tokens, 1)
+        if threshold is None:
+            num_draft = torch.full((batch,), len(tokens), dtype=torch.int64, device=drafts.device)
+            depths = [len(tokens)] * batch
+        else:
+            num_draft = torch.stack(confident, 1).long().cumprod(1).sum(1)
+            depths = num_draft.tolist()
+        return ChainProposal(
+            drafts, num_draft, depths, torch.stack(probs, 1) if want_probs else None
+        )
+
+    def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        if not self.adaptive or self._drafted == 0:
+            return
+        if all(n >= self._drafted for n in outcome.num_accepted):
+            self._k = min(self._k + 2, self.max_draft)
+        else:
+            self._k = max(self._k - 1, self.min_draft)

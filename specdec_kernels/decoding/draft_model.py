@@ -1,0 +1,109 @@
+"""Draft-model speculative decoding: a smaller causal LM sharing the target's tokenizer drafts
+``K`` tokens per step; its own preallocated cache is rolled back by the same KV op."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
+from specdec_kernels.decoding.drafter import DecodeState, StepOutcome
+from specdec_kernels.decoding.runner import ModelRunner
+
+__all__ = ["DraftModelDrafter", "check_same_vocabulary"]
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:
+    """Raise ``ValueError`` unless both tokenizers map the same strings to the same ids."""
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    target_vocab = target_tokenizer.get_vocab()
+    draft_vocab = draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        differing = sum(1 for tok, i in draft_vocab.items() if target_vocab.get(tok) != i)
+        raise ValueError(
+            "the draft model's tokenizer does not match the target's "
+            f"(vocabularies of {len(draft_vocab)} and {len(target_vocab)} entries, "
+            f"{differing} draft entries missing or with another id); speculative decoding "
+            "needs a draft model with the target's tokenizer"
+        )
+
+
+class DraftModelDrafter(AutoregressiveDrafter):
+    """Drafts with a separate (smaller) causal LM.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        The draft model, on the target's device; unmodified.
+    tokenizer : optional
+        The draft model's tokenizer; when given (and the target's is known) the vocabularies
+        must match exactly.
+    num_draft, adaptive, min_draft, max_draft, confidence_threshold
+        See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
+    """
+
+    name = "draft-model"
+
+    def __init__(self, model, *, tokenizer=None, num_draft: int = 4, **kwargs):
+        super().__init__(num_draft, **kwargs)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(model)
+        self.cache = None
+
+    def bind(self, runner: ModelRunner, tokenizer) -> None:
+        super().bind(runner, tokenizer)
+        if self.runner.device != runner.device:
+            raise ValueError(
+                f"the draft model is on {self.runner.device}, the target on {runner.device}; "
+                "put both on one device"
+            )
+        check_same_vocabulary(tokenizer, self.tokenizer)
+        if self.tokenizer is None or tokenizer is None:
+            draft_vocab = getattr(self.runner.config, "vocab_size", self.runner.vocab_size)
+            target_vocab = getattr(runner.config, "vocab_size", runner.vocab_size)
+            if draft_vocab != target_vocab:
+                raise ValueError(
+                    f"the draft model's vocabulary ({draft_vocab}) differs from the target's "
+                    f"({target_vocab}); speculative decoding needs a shared tokenizer"
+                )
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["model"] = getattr(self.model.config, "_name_or_path", type(self.model).__name__)
+        return out
+
+    def start(self, state: DecodeState) -> None:
+        super().start(state)
+        capacity = state.cache.capacity
+        self.cache = self.runner.new_cache(state.batch, capacity)
+        self.runner.append(self.cache, [ctx[:-1] for ctx in state.contexts])
+
+    def _first_logits(self, state: DecodeState) -> Tensor:
+        # Catch up with every emitted token the draft has not seen (the pending token, and
+        # the last accepted draft after a fully accepted step): rows are committed at once.
+        behind = [ctx[n:] for ctx, n in zip(state.contexts, self.cache.host_lens)]
+        return self.runner.append(self.cache, behind, want_logits=True)
+
+    def _next_logits(self, state: DecodeState, tokens: Tensor, depth: int) -> Tensor:
+        starts = [n + depth - 1 for n in self.cache.host_lens]
+        return self.runner.forward(self.cache, tokens[:, None], starts)[:, -1]
+
+    def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        super().accept(state, outcome)
+        # Drafts 1 .. drafted-1 were run through the draft model; keep those accepted.
+        keep = [min(n, max(self._drafted - 1, 0)) for n in outcome.num_accepted]
+        if any(keep):
+            width = max(keep)
+            lens = self.cache.lens
+            cols = torch.arange(width, device=lens.device)
+            counts = torch.tensor(keep, dtype=torch.int64).to(lens.device, non_blocking=True)
+            positions = torch.where(
+                cols[None, :] < counts[:, None], lens[:, None] + cols, torch.full_like(cols, -1)
+            )
+            self.cache.compact(positions, counts)
+            self.cache.advance_host(keep)
+
+    def select_requests(self, keep: list) -> None:
+        self.cache.select_requests(keep)

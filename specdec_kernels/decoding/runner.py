@@ -1,0 +1,224 @@
+"""Running an unmodified Hugging Face causal LM over blocks of new tokens.
+
+A block is a chain (prefill, catch-up, drafting, chain verification) or a tree (tree
+verification) of ``T`` tokens per request, placed right after that request's committed
+prefix in a :class:`~specdec_kernels.decoding.cache.KVCache`. The model sees only public
+inputs: ``input_ids``, ``position_ids`` (prefix length + depth), a 4D attention mask over
+``[prefix + block]`` and the cache object.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+from specdec_kernels.decoding import step
+from specdec_kernels.decoding.cache import KVCache
+
+__all__ = ["ModelRunner"]
+
+
+class _EarlyExit(Exception):
+    """Raised by a pre-hook to stop a forward before a given decoder layer."""
+
+    def __init__(self, hidden_states: Tensor):
+        super().__init__()
+        self.hidden_states = hidden_states
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+class ModelRunner:
+    """Forwards of one causal LM against the engine's KV cache.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        Any ``AutoModelForCausalLM`` with attention layers that call ``Cache.update`` (Llama,
+        Qwen2, Mistral, Gemma3, ... families). Not modified.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        config = _text_config(model.config)
+        self.config = config
+        self.num_layers = int(config.num_hidden_layers)
+        layer_types = getattr(config, "layer_types", None)
+        window = getattr(config, "sliding_window", None)
+        self.layer_types = list(layer_types) if layer_types else None
+        # Models with sliding-window layers take one mask per layer type (a dict).
+        self.sliding_window = (
+            int(window)
+            if window and self.layer_types and "sliding_attention" in self.layer_types
+            else None
+        )
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        params = inspect.signature(model.forward).parameters
+        self._has_logits_to_keep = "logits_to_keep" in params
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """An empty cache for ``batch`` requests of up to ``capacity`` rows each."""
+        return KVCache(self.num_layers, batch, capacity, self.device)
+
+    # ------------------------------------------------------------------ masks
+
+    def _masks(self, ancestors, positions, prefix_lens, kv_len):
+        mask = step.hf_attention_mask(ancestors, prefix_lens, kv_len, self.dtype)
+        if self.sliding_window is None:
+            return mask
+        # Sliding layers also hide prefix rows more than `window` positions behind the query.
+        kv = torch.arange(kv_len, device=mask.device)
+        too_old = (kv[None, None, :] <= positions[:, :, None] - self.sliding_window) & (
+            kv[None, None, :] < prefix_lens[:, None, None]
+        )
+        sliding = mask.masked_fill(too_old[:, None], torch.finfo(self.dtype).min)
+        masks = {kind: mask for kind in set(self.layer_types)}
+        masks["sliding_attention"] = sliding
+        return masks
+
+    # ------------------------------------------------------------------ forwards
+
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: Tensor,
+        starts: list[int],
+        parents: Tensor | None = None,
+        *,
+        last_logits_only: bool = False,
+        exit_layer: int | None = None,
+    ) -> Tensor:
+        """Run a block of ``T`` tokens per request placed after each request's prefix.
+
+        Parameters
+        ----------
+        cache : KVCache
+            Receives the block's K/V at rows ``starts[b] .. starts[b] + T - 1``.
+        tokens : Tensor
+            ``[B, T]`` int64 token ids on the model's device.
+        starts : list of int
+            ``B`` prefix lengths (rows ``< starts[b]`` are the visible prefix).
+        parents : Tensor, optional
+            ``[B, T]`` tree parents (node 0 the root, ``-2`` padding); a chain when omitted.
+        last_logits_only : bool
+            Compute logits for the last block position only (prefill).
+        exit_layer : int, optional
+            Stop before decoder layer ``exit_layer`` and apply the final norm and the LM
+            head to its input: the model's first ``exit_layer`` layers as a draft model
+            (layer skip). Only layers ``< exit_layer`` write the cache.
+
+        Returns
+        -------
+        Tensor
+            ``[B, T, V]`` logits (``[B, 1, V]`` with ``last_logits_only``).
+        """
+        batch, width = tokens.shape
+        prefix_lens = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
+        if parents is None:
+            ancestors, positions = step.chain_block_layout(prefix_lens, width)
+        else:
+            ancestors, positions = step.tree_block_layout(parents, prefix_lens)
+        cache.plan_write(starts, width)
+        mask = self._masks(ancestors, positions, prefix_lens, cache.kv_len)
+        kwargs = dict(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        if exit_layer is not None:
+            return self._early_exit_forward(kwargs, exit_layer, last_logits_only)
+        if last_logits_only and self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        logits = self.model(**kwargs).logits
+        return logits[:, -1:] if last_logits_only else logits
+
+    def append(self, cache: KVCache, token_lists: list, *, want_logits: bool = False):
+        """Run ragged lists of known tokens after each request's prefix and commit them.
+
+        Used for prefill and for a draft model catching up with emitted tokens. Lists are
+        right-padded into one block; the padding's rows are written but never committed.
+
+        Parameters
+        ----------
+        cache : KVCache
+        token_lists : list of list of int
+            ``B`` lists (some may be empty).
+        want_logits : bool
+            Return the logits after each request's last token.
+
+        Returns
+        -------
+        Tensor or None
+            ``[B, V]`` logits after each list's last token (rows of empty lists are
+            meaningless) when ``want_logits``.
+        """
+        counts = [len(t) for t in token_lists]
+        width = max(counts, default=0)
+        if width == 0:
+            return None
+        block = torch.zeros(len(token_lists), width, dtype=torch.int64)
+        for b, toks in enumerate(token_lists):
+            block[b, : len(toks)] = torch.tensor(toks, dtype=torch.int64)
+        block = block.to(self.device, non_blocking=True)
+        starts = list(cache.host_lens)
+        uniform = min(counts) == width
+        logits = self.forward(
+            cache, block, starts, last_logits_only=not want_logits or uniform
+        )
+        cache.extend(counts)
+        if not want_logits:
+            return None
+        if uniform:
+            return logits[:, -1]
+        last = torch.tensor([max(c - 1, 0) for c in counts]).to(self.device, non_blocking=True)
+        return logits[torch.arange(len(counts), device=self.device), last]
+
+    def decoder_parts(self):
+        """``(layers, final_norm, lm_head)`` of the model, found through public accessors.
+
+        Raises
+        ------
+        ValueError
+            The model's decoder does not expose ``layers`` and ``norm`` modules.
+        """
+        decoder = self.model.get_decoder()
+        layers = getattr(decoder, "layers", None)
+        norm = getattr(decoder, "norm", None)
+        head = self.model.get_output_embeddings()
+        if layers is None or norm is None or head is None:
+            raise ValueError(
+                f"layer skip needs a decoder with `layers` and `norm` and an LM head; "
+                f"{type(self.model).__name__} does not expose them"
+            )
+        return layers, norm, head
+
+    def _early_exit_forward(self, kwargs, exit_layer: int, last_logits_only: bool) -> Tensor:
+        layers, norm, head = self.decoder_parts()
+        if not 1 <= exit_layer < len(layers):
+            raise ValueError(f"exit_layer must be in [1, {len(layers) - 1}], got {exit_layer}")
+
+        def stop(module, args, hook_kwargs):
+            hidden = args[0] if args else hook_kwargs["hidden_states"]
+            raise _EarlyExit(hidden)
+
+        handle = layers[exit_layer].register_forward_pre_hook(stop, with_kwargs=True)
+        try:
+            self.model(**kwargs)
+        except _EarlyExit as exit_:
+            hidden = exit_.hidden_states
+        else:  # pragma: no cover - the hook always fires
+            raise RuntimeError("the early-exit hook did not fire")
+        finally:
+            handle.remove()
+        if last_logits_only:
+            hidden = hidden[:, -1:]
+        return head(norm(hidden))

@@ -1,0 +1,70 @@
+"""Self-speculative decoding by layer skip: the target's own first ``L`` decoder layers, then
+its final norm and LM head, draft ``K`` tokens. No extra weights and no extra cache: the
+draft's K/V for layers ``< L`` are exactly what the target computes there, so drafts write
+into the target's own cache rows past the prefix, which verification then overwrites."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
+from specdec_kernels.decoding.drafter import DecodeState
+
+__all__ = ["DEFAULT_EXIT_LAYER_FRACTION", "SelfSpeculativeDrafter"]
+
+#: Default exit layer as a fraction of the depth when ``num_layers`` is not given.
+DEFAULT_EXIT_LAYER_FRACTION = 0.5
+
+
+class SelfSpeculativeDrafter(AutoregressiveDrafter):
+    """Drafts with the target's first ``num_layers`` layers (early exit).
+
+    Parameters
+    ----------
+    num_layers : int, optional
+        Layers used by the draft, in ``[1, num_hidden_layers - 1]``; by default
+        ``DEFAULT_EXIT_LAYER_FRACTION`` of the target's depth.
+    num_draft, adaptive, min_draft, max_draft, confidence_threshold
+        See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
+    """
+
+    name = "self-speculative"
+
+    def __init__(self, num_layers: int | None = None, *, num_draft: int = 4, **kwargs):
+        super().__init__(num_draft, **kwargs)
+        if num_layers is not None and num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.num_layers = num_layers
+        self._exit = None
+        self._runner = None
+
+    def bind(self, runner, tokenizer) -> None:
+        super().bind(runner, tokenizer)
+        total = runner.num_layers
+        exit_layer = self.num_layers
+        if exit_layer is None:
+            exit_layer = max(1, round(total * DEFAULT_EXIT_LAYER_FRACTION))
+        if not 1 <= exit_layer < total:
+            raise ValueError(
+                f"num_layers must be in [1, {total - 1}] for a target of {total} layers, "
+                f"got {exit_layer}"
+            )
+        runner.decoder_parts()  # fails early on models without the needed modules
+        self._exit = exit_layer
+        self._runner = runner
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["num_layers"] = self._exit if self._exit is not None else self.num_layers
+        return out
+
+    def _first_logits(self, state: DecodeState) -> Tensor:
+        return self._draft_forward(state, state.pending, 0)
+
+    def _next_logits(self, state: DecodeState, tokens: Tensor, depth: int) -> Tensor:
+        return self._draft_forward(state, tokens, depth)
+
+    def _draft_forward(self, state: DecodeState, tokens: Tensor, depth: int) -> Tensor:
+        starts = [n + depth for n in state.cache.host_lens]
+        logits = self._runner.forward(state.cache, tokens[:, None], starts, exit_layer=self._exit)
+        return logits[:, -1]
