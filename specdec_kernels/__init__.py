@@ -6,9 +6,22 @@ ops work under ``torch.compile``. Typed wrappers live in :mod:`specdec_kernels.o
 executable specification of every op in :mod:`specdec_kernels.reference`.
 """
 
+import torch  # noqa: F401  (loads libtorch before the extension needs it)
+
 from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
 from specdec_kernels import ops
 from specdec_kernels._build import build_info, has_cuda_kernels
 
-__all__ = ["build_info", "has_cuda_kernels", "ops"]
+__all__ = ["build_info", "generate", "has_cuda_kernels", "ops"]
+
+
+def __getattr__(name):
+    # The decoding layer needs transformers: imported on first use only.
+    if name == "generate":
+        from specdec_kernels.decoding import generate
+
+        return generate
+    raise AttributeError(f"module 'specdec_kernels' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from specdec_kernels.decoding.drafter import (
     StepOutcome,
     TreeProposal,
 )
-from specdec_kernels.decoding.engine import Engine, EngineOutput, StopCriteria
+from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
@@ -34,6 +34,7 @@ __all__ = [
     "Drafter",
     "Engine",
     "EngineOutput",
+    "Generation",
     "GenerationOutput",
     "KVCache",
     "ModelRunner",

@@ -133,11 +133,13 @@ class AutoregressiveDrafter(Drafter):
                 logits = self._target_vocab(self._next_logits(state, token, i + 1))
         self._drafted = len(tokens)
         drafts = torch.stack(tokens, 1)
-        if threshold is None:
-            num_draft = torch.full((batch,), len(tokens), dtype=torch.int64, device=drafts.device)
-            depths = [len(tokens)] * batch
-        else:
-            num_draft = torch.stack(confident, 1).long().cumprod(1).sum(1)
+        # Requests near their token limit verify fewer drafts (so a request's random
+        # stream does not depend on the rest of the batch).
+        depths = [max(0, min(len(tokens), r - 1)) for r in state.remaining]
+        num_draft = torch.tensor(depths, dtype=torch.int64).to(drafts.device, non_blocking=True)
+        if threshold is not None:
+            sure = torch.stack(confident, 1).long().cumprod(1).sum(1)
+            num_draft = torch.minimum(num_draft, sure)
             depths = num_draft.tolist()
         return ChainProposal(
             drafts, num_draft, depths, torch.stack(probs, 1) if want_probs else None

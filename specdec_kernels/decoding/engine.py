@@ -28,9 +28,31 @@ from specdec_kernels.decoding.drafter import (
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
 
-__all__ = ["Engine", "EngineOutput", "StopCriteria"]
+__all__ = ["Engine", "EngineOutput", "Generation", "StopCriteria"]
 
 _DRAFT_SEED_SALT = 0x5DEECE66D  # draft samples use a stream independent of verification's
+
+
+@dataclass
+class Generation:
+    """A run in progress: the drafters' shared state plus outputs and statistics.
+
+    ``rows[b]`` is the request index of running row ``b`` of ``state``; finished requests
+    are dropped from ``state`` (and from the caches).
+    """
+
+    state: DecodeState
+    stop: "StopCriteria"
+    stats: RunStats
+    requests: list
+    rows: list
+    outputs: list
+    reasons: list
+    t_start: float
+
+    @property
+    def done(self) -> bool:
+        return not self.rows
 
 
 @dataclass
@@ -104,14 +126,9 @@ class Engine:
         self.tokenizer = tokenizer
         self.drafter.bind(self.runner, tokenizer)
 
-    @torch.inference_mode()
-    def run(
-        self,
-        prompts: list,
-        params: step.SamplingParams,
-        stop: StopCriteria,
-    ) -> EngineOutput:
-        """Decode every prompt until it stops.
+    def run(self, prompts: list, params: step.SamplingParams, stop: StopCriteria) -> EngineOutput:
+        """Decode every prompt until it stops (:meth:`start`, :meth:`step` until done,
+        :meth:`finish`).
 
         Parameters
         ----------
@@ -125,13 +142,20 @@ class Engine:
         -------
         EngineOutput
         """
+        generation = self.start(prompts, params, stop)
+        while not generation.done:
+            self.step(generation)
+        return self.finish(generation)
+
+    @torch.inference_mode()
+    def start(self, prompts: list, params: step.SamplingParams, stop: StopCriteria) -> "Generation":
+        """Prefill the target (and the drafter) and return the run's state."""
         t_start = time.perf_counter()
         batch = len(prompts)
         device = self.runner.device
         stats = RunStats(
             method=self.drafter.name, drafter=self.drafter.describe(), batch_size=batch
         )
-        requests = [RequestStats(prompt_tokens=len(p)) for p in prompts]
         capacity = max(len(p) for p in prompts) + max(stop.max_new_tokens)
         capacity += self.drafter.max_block_width() + 1
         cache = self.runner.new_cache(batch, capacity)
@@ -151,46 +175,58 @@ class Engine:
         )
         self.drafter.start(state)
         stats.prefill_seconds = time.perf_counter() - t_start
+        return Generation(
+            state=state,
+            stop=stop,
+            stats=stats,
+            requests=[RequestStats(prompt_tokens=len(p)) for p in prompts],
+            rows=list(range(batch)),
+            outputs=[[] for _ in range(batch)],
+            reasons=[""] * batch,
+            t_start=t_start,
+        )
 
-        rows = list(range(batch))  # original request index of each running row
-        outputs = [[] for _ in range(batch)]
-        reasons = [""] * batch
-        while rows:
-            t0 = time.perf_counter()
-            proposal = self.drafter.propose(state)
-            t1 = time.perf_counter()
-            num_accepted, emitted = self._verify_and_commit(state, proposal)
-            stats.target_forwards += 1
-            previous_starts = list(cache.host_lens)
-            cache.advance_host([n + 1 for n in num_accepted])
-            finished = []
-            for b, req in enumerate(rows):
-                new = emitted[b]
-                state.contexts[b].extend(new)
-                outputs[req].extend(new)
-                requests[req].record_step(proposal.depths[b], num_accepted[b])
-                keep, reason = stop.cut(req, outputs[req], len(new))
-                if reason is not None:
-                    del outputs[req][keep:]
-                    reasons[req] = reason
-                    requests[req].seconds = time.perf_counter() - t_start
-                    finished.append(b)
-                state.remaining[b] = stop.max_new_tokens[req] - len(outputs[req])
-            t2 = time.perf_counter()
-            self.drafter.accept(state, StepOutcome(previous_starts, num_accepted))
-            stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
-            if finished:
-                keep_rows = [b for b in range(len(rows)) if b not in finished]
-                rows = [rows[b] for b in keep_rows]
-                if rows:
-                    self._select(state, keep_rows)
+    @torch.inference_mode()
+    def step(self, gen: "Generation") -> None:
+        """One propose -> verify -> commit step for every running request."""
+        state, stop, stats = gen.state, gen.stop, gen.stats
+        t0 = time.perf_counter()
+        proposal = self.drafter.propose(state)
+        t1 = time.perf_counter()
+        num_accepted, emitted = self._verify_and_commit(state, proposal)
+        stats.target_forwards += 1
+        previous_starts = list(state.cache.host_lens)
+        state.cache.advance_host([n + 1 for n in num_accepted])
+        finished = []
+        for b, req in enumerate(gen.rows):
+            new = emitted[b]
+            state.contexts[b].extend(new)
+            gen.outputs[req].extend(new)
+            gen.requests[req].record_step(proposal.depths[b], num_accepted[b])
+            keep, reason = stop.cut(req, gen.outputs[req], len(new))
+            if reason is not None:
+                del gen.outputs[req][keep:]
+                gen.reasons[req] = reason
+                gen.requests[req].seconds = time.perf_counter() - gen.t_start
+                finished.append(b)
+            state.remaining[b] = stop.max_new_tokens[req] - len(gen.outputs[req])
+        t2 = time.perf_counter()
+        self.drafter.accept(state, StepOutcome(previous_starts, num_accepted))
+        stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
+        if finished:
+            keep_rows = [b for b in range(len(gen.rows)) if b not in finished]
+            gen.rows = [gen.rows[b] for b in keep_rows]
+            if gen.rows:
+                self._select(state, keep_rows)
 
-        for req, out in enumerate(outputs):
-            requests[req].new_tokens = len(out)
-            requests[req].finish_reason = reasons[req]
-        stats.requests = requests
-        stats.seconds = time.perf_counter() - t_start
-        return EngineOutput(outputs, reasons, stats)
+    def finish(self, gen: "Generation") -> EngineOutput:
+        """Outputs and statistics of a run (call once :attr:`Generation.done`)."""
+        for req, out in enumerate(gen.outputs):
+            gen.requests[req].new_tokens = len(out)
+            gen.requests[req].finish_reason = gen.reasons[req]
+        gen.stats.requests = gen.requests
+        gen.stats.seconds = time.perf_counter() - gen.t_start
+        return EngineOutput(gen.outputs, gen.reasons, gen.stats)
 
     def _verify_and_commit(self, state: DecodeState, proposal):
         """Target forward over the block, verification, KV commit; one device read."""
@@ -211,6 +247,7 @@ class Engine:
                     state.offsets,
                 )
             rows = torch.arange(block.shape[1], device=block.device).expand_as(block)
+            used = proposal.num_draft + 1
         elif isinstance(proposal, TreeProposal):
             block = proposal.tokens
             logits = runner.forward(cache, block, cache.host_lens, proposal.parents)
@@ -218,6 +255,7 @@ class Engine:
                 block, proposal.parents, logits, proposal.probs, state.params, state.offsets
             )
             rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
+            used = (proposal.parents != -2).sum(1)
         else:
             raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
 
@@ -226,7 +264,8 @@ class Engine:
         positions = torch.where(keep, cache.lens[:, None] + rows, torch.full_like(rows, -1))
         cache.compact(positions, counts)
         state.pending = tokens.gather(1, num_accepted[:, None]).squeeze(1)
-        state.offsets = state.offsets + block.shape[1]
+        # Each request's random streams move past every position its verification could use.
+        state.offsets = state.offsets + used
         host = torch.cat([num_accepted[:, None], tokens], 1).tolist()  # the step's one sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]

@@ -73,11 +73,13 @@ class ModelRunner:
         mask = step.hf_attention_mask(ancestors, prefix_lens, kv_len, self.dtype)
         if self.sliding_window is None:
             return mask
-        # Sliding layers also hide prefix rows more than `window` positions behind the query.
-        kv = torch.arange(kv_len, device=mask.device)
-        too_old = (kv[None, None, :] <= positions[:, :, None] - self.sliding_window) & (
-            kv[None, None, :] < prefix_lens[:, None, None]
-        )
+        # Sliding layers also hide rows `window` or more positions behind the query. A prefix
+        # row's position is its index; block row starts[b] + j holds node j's position.
+        batch, width = positions.shape
+        kv_pos = torch.arange(kv_len, device=mask.device).expand(batch, kv_len).clone()
+        block_cols = prefix_lens[:, None] + torch.arange(width, device=mask.device)
+        kv_pos.scatter_(1, block_cols, positions)
+        too_old = kv_pos[:, None, :] <= positions[:, :, None] - self.sliding_window
         sliding = mask.masked_fill(too_old[:, None], torch.finfo(self.dtype).min)
         masks = {kind: mask for kind in set(self.layer_types)}
         masks["sliding_attention"] = sliding

@@ -1,0 +1,123 @@
+"""Greedy losslessness on the default model (SmolLM2-135M-Instruct, fp32): for every drafter,
+the output equals Hugging Face ``generate`` greedy token for token (and so our own
+autoregressive loop) on 20 dev prompts, one request at a time and in ragged batches of 4."""
+
+import pytest
+import torch
+
+from python_tests.decoding_helpers import default_model, dev_prompts, hf_greedy, truncated_copy
+from specdec_kernels.decoding import (
+    DraftModelDrafter,
+    PromptLookupDrafter,
+    SelfSpeculativeDrafter,
+    generate,
+)
+from specdec_kernels.models import encode_prompts
+
+NEW_TOKENS = 24
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return default_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    encoded = encode_prompts(loaded.tokenizer, dev_prompts())
+    assert len(encoded) >= 20
+    return encoded
+
+
+@pytest.fixture(scope="module")
+def expected(loaded, prompts):
+    """HF greedy, computed once for every drafter."""
+    eos = loaded.model.generation_config.eos_token_id
+    return [hf_greedy(loaded.model, p, NEW_TOKENS, eos_token_id=eos) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def draft_model(loaded):
+    return truncated_copy(loaded.model, 6)
+
+
+def make_drafter(name, draft_model):
+    if name == "autoregressive":
+        return None
+    if name == "prompt-lookup":
+        return PromptLookupDrafter()
+    if name == "self-speculative":
+        return SelfSpeculativeDrafter(num_layers=8, num_draft=2, adaptive=True, max_draft=4)
+    if name == "draft-model":
+        return DraftModelDrafter(draft_model, num_draft=3, adaptive=True, max_draft=6)
+    raise ValueError(name)
+
+
+DRAFTERS = ["autoregressive", "prompt-lookup", "self-speculative", "draft-model"]
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_batch_1_matches_hf_generate(loaded, prompts, expected, draft_model, name):
+    drafter = make_drafter(name, draft_model)
+    got, forwards, emitted = [], 0, 0
+    for prompt in prompts:
+        out = generate(loaded, [prompt], drafter=drafter, max_new_tokens=NEW_TOKENS)
+        got.append(out.tokens[0])
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    mismatched = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    assert not mismatched, f"{name}: prompts {mismatched} differ from HF generate"
+    if name == "autoregressive":
+        assert forwards == emitted
+    else:  # drafts must be accepted on these prompts, or the test proves nothing
+        assert emitted / forwards > 1.05, (name, emitted / forwards)
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_batch_4_matches_hf_generate(loaded, prompts, expected, draft_model, name):
+    drafter = make_drafter(name, draft_model)
+    # Mix long and short prompts in every batch.
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    groups = [order[i :: len(order) // BATCH] for i in range(len(order) // BATCH)]
+    for group in groups:
+        assert len({len(prompts[i]) for i in group}) > 1
+        out = generate(loaded, [prompts[i] for i in group], drafter=drafter, max_new_tokens=NEW_TOKENS)
+        for i, tokens in zip(group, out.tokens):
+            assert tokens == expected[i], f"{name}: prompt {i} differs in a batch of {BATCH}"
+        assert out.stats.batch_size == BATCH
+
+
+def test_text_prompts_and_text_output(loaded, expected):
+    """Text in, chat template applied, text out: the same tokens as the encoded prompts."""
+    out = generate(loaded, dev_prompts()[:2], max_new_tokens=NEW_TOKENS)
+    assert out.tokens == expected[:2]
+    assert out.text == [loaded.tokenizer.decode(t, skip_special_tokens=True) for t in expected[:2]]
+
+
+def test_stop_string_ends_the_output(loaded, prompts, expected):
+    tok = loaded.tokenizer
+    full = tok.decode(expected[0])
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    out = generate(loaded, [prompts[0]], drafter=PromptLookupDrafter(), stop_strings=[stop],
+                   max_new_tokens=NEW_TOKENS)
+    assert out.finish_reasons == ["stop_string"]
+    text = tok.decode(out.tokens[0])
+    assert stop in text and stop not in tok.decode(out.tokens[0][:-1])
+    assert out.tokens[0] == expected[0][: len(out.tokens[0])]
+
+
+def test_stats_are_consistent(loaded, prompts):
+    out = generate(loaded, prompts[:3], drafter=PromptLookupDrafter(), max_new_tokens=NEW_TOKENS)
+    stats = out.stats
+    d = stats.to_dict()
+    assert d["new_tokens"] == sum(len(t) for t in out.tokens)
+    assert stats.target_forwards == max(r.target_forwards for r in stats.requests)
+    assert 0 < stats.drafter_time_share < 1
+    assert stats.tokens_per_second > 0
+    for r in stats.requests:
+        assert r.tau == pytest.approx(r.new_tokens / r.target_forwards)
+        assert all(a <= p for a, p in zip(r.accepted_at, r.proposed_at))
+        # accepted drafts + one token per forward = emitted (up to the cut at the limit)
+        assert sum(r.accepted_at) + r.target_forwards >= r.new_tokens
+    assert torch.tensor(stats.acceptance_rate_at).le(1).all()
