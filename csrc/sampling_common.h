@@ -58,6 +58,48 @@ inline void check_draft_probs(const std::optional<at::Tensor>& draft_probs, int6
   check_tensor(*draft_probs, "draft_probs", {batch, rows, vocab}, at::kFloat, device);
 }
 
+// Shapes, dtypes and devices of a verify_chain call: draft_tokens [B, K] int64, num_draft [B]
+// int64, target_logits [B, K+1, V], draft_probs [B, K, V] float32 or None, parameters [B].
+inline void check_chain_inputs(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                               const at::Tensor& target_logits,
+                               const std::optional<at::Tensor>& draft_probs,
+                               const ParamTensors& params) {
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens must have shape [B, K], got ",
+                    draft_tokens.sizes());
+  const int64_t batch = draft_tokens.size(0);
+  const int64_t k = draft_tokens.size(1);
+  check_logits(target_logits, "target_logits", 3, "[B, K+1, V]");
+  TORCH_CHECK_VALUE(target_logits.size(0) == batch && target_logits.size(1) == k + 1,
+                    "target_logits must have shape [B, K+1, V] = [", batch, ", ", k + 1,
+                    ", V], got ", target_logits.sizes());
+  const auto device = target_logits.device();
+  check_tensor(draft_tokens, "draft_tokens", {batch, k}, at::kLong, device);
+  check_tensor(num_draft, "num_draft", {batch}, at::kLong, device);
+  check_draft_probs(draft_probs, batch, k, target_logits.size(2), device);
+  check_params(params, batch, device);
+}
+
+// Shapes, dtypes and devices of a verify_tree call: tree_tokens and parents [B, T] int64
+// (T >= 1), target_logits [B, T, V], draft_probs [B, T, V] float32 or None, parameters [B].
+inline void check_tree_inputs(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                              const at::Tensor& target_logits,
+                              const std::optional<at::Tensor>& draft_probs,
+                              const ParamTensors& params) {
+  TORCH_CHECK_VALUE(tree_tokens.dim() == 2 && tree_tokens.size(1) >= 1,
+                    "tree_tokens must have shape [B, T] with T >= 1, got ", tree_tokens.sizes());
+  const int64_t batch = tree_tokens.size(0);
+  const int64_t num_nodes = tree_tokens.size(1);
+  check_logits(target_logits, "target_logits", 3, "[B, T, V]");
+  TORCH_CHECK_VALUE(target_logits.size(0) == batch && target_logits.size(1) == num_nodes,
+                    "target_logits must have shape [B, T, V] = [", batch, ", ", num_nodes,
+                    ", V], got ", target_logits.sizes());
+  const auto device = target_logits.device();
+  check_tensor(tree_tokens, "tree_tokens", {batch, num_nodes}, at::kLong, device);
+  check_tensor(parents, "parents", {batch, num_nodes}, at::kLong, device);
+  check_draft_probs(draft_probs, batch, num_nodes, target_logits.size(2), device);
+  check_params(params, batch, device);
+}
+
 // Explicit mantissa bits of a logits dtype's float32 form (for the radix select's last round).
 inline int mantissa_bits(c10::ScalarType t) {
   return t == at::kHalf ? 10 : (t == at::kBFloat16 ? 7 : 23);

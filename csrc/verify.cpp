@@ -95,8 +95,9 @@ void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* 
       scratch.next_token[j] = row.draw_target(u);
     }
   }
-  const int64_t last =
-      deepest_accepted_node(layout, num_nodes, scratch.passed.data(), scratch.depth.data());
+  const uint8_t* passed = scratch.passed.data();
+  const int64_t last = deepest_accepted_node(
+      layout, num_nodes, [passed](int64_t c) { return passed[c] != 0; }, scratch.depth.data());
   const int32_t length = scratch.depth[last];
   write_path(layout, last, length, out.nodes, out.tokens);
   out.tokens[length] = scratch.next_token[last];
@@ -183,20 +184,10 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
     const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, VerifyMode mode,
     TypicalParams typical) {
-  TORCH_CHECK_VALUE(draft_tokens.dim() == 2, "draft_tokens must have shape [B, K], got ",
-                    draft_tokens.sizes());
+  check_chain_inputs(draft_tokens, num_draft, target_logits, draft_probs, params);
   const int64_t batch = draft_tokens.size(0);
   const int64_t k = draft_tokens.size(1);
-  check_logits(target_logits, "target_logits", 3, "[B, K+1, V]");
-  TORCH_CHECK_VALUE(target_logits.size(0) == batch && target_logits.size(1) == k + 1,
-                    "target_logits must have shape [B, K+1, V] = [", batch, ", ", k + 1,
-                    ", V], got ", target_logits.sizes());
-  const auto device = target_logits.device();
   const int64_t vocab = target_logits.size(2);
-  check_tensor(draft_tokens, "draft_tokens", {batch, k}, at::kLong, device);
-  check_tensor(num_draft, "num_draft", {batch}, at::kLong, device);
-  check_draft_probs(draft_probs, batch, k, vocab, device);
-  check_params(params, batch, device);
 
   at::Tensor tokens = at::full({batch, k + 1}, -1, draft_tokens.options());
   at::Tensor num_accepted = at::full({batch}, 0, draft_tokens.options());
@@ -259,20 +250,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu_impl(
     const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
     const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, VerifyMode mode,
     TypicalParams typical) {
-  TORCH_CHECK_VALUE(tree_tokens.dim() == 2 && tree_tokens.size(1) >= 1,
-                    "tree_tokens must have shape [B, T] with T >= 1, got ", tree_tokens.sizes());
+  check_tree_inputs(tree_tokens, parents, target_logits, draft_probs, params);
   const int64_t batch = tree_tokens.size(0);
   const int64_t num_nodes = tree_tokens.size(1);
-  check_logits(target_logits, "target_logits", 3, "[B, T, V]");
-  TORCH_CHECK_VALUE(target_logits.size(0) == batch && target_logits.size(1) == num_nodes,
-                    "target_logits must have shape [B, T, V] = [", batch, ", ", num_nodes,
-                    ", V], got ", target_logits.sizes());
-  const auto device = target_logits.device();
   const int64_t vocab = target_logits.size(2);
-  check_tensor(tree_tokens, "tree_tokens", {batch, num_nodes}, at::kLong, device);
-  check_tensor(parents, "parents", {batch, num_nodes}, at::kLong, device);
-  check_draft_probs(draft_probs, batch, num_nodes, vocab, device);
-  check_params(params, batch, device);
 
   at::Tensor nodes = at::full({batch, num_nodes}, -1, tree_tokens.options());
   at::Tensor tokens = at::full({batch, num_nodes}, -1, tree_tokens.options());

@@ -190,18 +190,19 @@ SPECDEC_HD bool judge_children(const Layout& layout, const Row& row, int64_t nod
   return any;
 }
 
-// The last node of the longest accepted path (ties: the lowest index), given passed[] for every
+// The last node of the longest accepted path (ties: the lowest index), given passed(c) for every
 // child of a reached node; depth[] (scratch, num_nodes) receives each node's depth or -1.
-template <typename Layout>
+// passed(c) reads the flag (CUDA reads it past the L1 cache: other blocks wrote it).
+template <typename Layout, typename Passed>
 SPECDEC_HD int64_t deepest_accepted_node(const Layout& layout, int64_t num_nodes,
-                                         const uint8_t* passed, int32_t* depth) {
+                                         const Passed& passed, int32_t* depth) {
   depth[0] = 0;
   int64_t best = 0;
   for (int64_t c = 1; c < num_nodes; ++c) {
     depth[c] = -1;
     if (!layout.is_node(c)) continue;
     const int64_t p = layout.parent(c);
-    if (depth[p] >= 0 && passed[c]) depth[c] = depth[p] + 1;
+    if (depth[p] >= 0 && passed(c)) depth[c] = depth[p] + 1;
     if (depth[c] > depth[best]) best = c;
   }
   return best;
