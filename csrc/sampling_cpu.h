@@ -26,6 +26,12 @@ bool row_is_valid(const scalar_t* logits, int64_t vocab) {
   return !bad && finite;
 }
 
+// w[x] = exp((l[x] - M) / T) for a whole row (a separate function so the loop vectorises).
+inline void exponentiate(const float* __restrict l, float* __restrict w, int64_t vocab,
+                         const RowFilter filter) {
+  for (int64_t x = 0; x < vocab; ++x) w[x] = filter.raw_weight(l[x]);
+}
+
 class CpuRow {
  public:
   // Copies a (valid) row as float32 and finds its argmax (ties to the lowest id).
@@ -59,7 +65,7 @@ class CpuRow {
     weights_.resize(vocab_);
     const float* l = logits_.data();
     float* w = weights_.data();
-    for (int64_t x = 0; x < vocab_; ++x) w[x] = filter_.raw_weight(l[x]);
+    exponentiate(l, w, vocab_, filter_);
     double total = 0.0;
     for (int64_t x = 0; x < vocab_; ++x) total += w[x];
 
