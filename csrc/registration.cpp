@@ -37,6 +37,45 @@ TORCH_LIBRARY(specdec, m) {
       "int block_size, Tensor(c!) freed_blocks) -> ()");
 
   // ---------------------------------------------------------------- verification
+  // Per-request sampling parameters, all [B] on the logits' device: temperature (float32, 0 =
+  // greedy), top_k (int64, <= 0 or >= V = off), top_p (float32 in (0, 1]), min_p (float32 in
+  // [0, 1)), seed and offset (int64: the Philox key and counter of kernels/philox.cuh).
+  // Processing and decision rules: kernels/sampling.cuh, kernels/verify.cuh.
+  //
+  // One token per row of logits [N, V] (float32/float16/bfloat16), drawn from the processed
+  // distribution: tokens [N] int64.
+  m.def(
+      "sample(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+      "Tensor seed, Tensor offset) -> Tensor");
+  // The same, plus the processed distribution [N, V] float32 each token was drawn from.
+  m.def(
+      "sample_with_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, "
+      "Tensor min_p, Tensor seed, Tensor offset) -> (Tensor, Tensor)");
+  // Chain verification: draft_tokens [B, K] int64 (the first num_draft[b] valid), target_logits
+  // [B, K+1, V], draft_probs [B, K, V] float32 or None (one-hot drafts). Returns tokens
+  // [B, K+1] int64 (accepted drafts then the next token, -1 padded) and num_accepted [B] int64.
+  m.def(
+      "verify_chain(Tensor draft_tokens, Tensor num_draft, Tensor target_logits, "
+      "Tensor? draft_probs, Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, "
+      "Tensor seed, Tensor offset) -> (Tensor, Tensor)");
+  // Tree verification: tree_tokens [B, T] int64, parents [B, T] int64 (-1 at node 0, parent <
+  // child, -2 = padding), target_logits [B, T, V], draft_probs [B, T, V] float32 or None.
+  // Returns accepted_nodes [B, T], tokens [B, T] (-1 padded) and num_accepted [B], all int64.
+  m.def(
+      "verify_tree(Tensor tree_tokens, Tensor parents, Tensor target_logits, Tensor? draft_probs, "
+      "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor offset) "
+      "-> (Tensor, Tensor, Tensor)");
+  // Typical acceptance (Medusa; lossy): accept x iff p(x) > min(posterior_threshold,
+  // posterior_alpha * exp(-H(p))); the longest accepted path wins. Outputs as verify_chain.
+  m.def(
+      "typical_verify_chain(Tensor draft_tokens, Tensor num_draft, Tensor target_logits, "
+      "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor offset, "
+      "float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)");
+  // Typical acceptance over a tree. Outputs as verify_tree.
+  m.def(
+      "typical_verify_tree(Tensor tree_tokens, Tensor parents, Tensor target_logits, "
+      "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor offset, "
+      "float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor, Tensor)");
 
   // ---------------------------------------------------------------- tree attention
 }

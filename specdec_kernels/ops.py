@@ -7,10 +7,12 @@ int64 (one dtype per call) and live on the device of the data they index.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+
+from specdec_kernels.sampling import SamplingParams
 
 CacheList = Union[Tensor, Sequence[Tensor]]
 
@@ -19,6 +21,12 @@ __all__ = [
     "compact_kv_cache_",
     "compact_paged_kv_cache_",
     "rollback_paged_kv_cache_",
+    "sample",
+    "sample_with_probs",
+    "typical_verify_chain",
+    "typical_verify_tree",
+    "verify_chain",
+    "verify_tree",
 ]
 
 
@@ -162,6 +170,368 @@ def _rollback_paged_kv_cache_fake(block_tables, cache_lens, new_lens, block_size
 
 
 # ----------------------------------------------------------------------------- verification
+#
+# Processing, uniforms and decision rules, in one place (kernels: csrc/cuda/kernels/
+# sampling.cuh, philox.cuh, verify.cuh; executable spec: specdec_kernels.reference):
+#
+# * Processed distribution p of a row of logits l[0..V) (float32 arithmetic): temperature 0 is
+#   greedy (one-hot at argmax, ties to the lowest id). Otherwise w(x) = exp((l(x) - max l) / T)
+#   (a fixed float32 exp shared by every implementation), then top-k keeps l(x) >= the k-th
+#   largest logit (ties kept), top-p keeps, among those, l(x) >= the largest logit whose
+#   mass-at-or-above reaches top_p of their mass, min-p keeps w(x) >= min_p;
+#   p(x) = w(x) / (kept mass) on kept tokens. No vocabulary sort: thresholds come from a radix
+#   select over the logits.
+# * Uniforms: Philox4x32-10 keyed by seed[b], counter (offset[b], position, stream), values
+#   k * 2^-24 in [0, 1) (never 1). Position is a node index (chain: row i = node i, draft i =
+#   node i + 1); ops.sample and the verify ops use different streams.
+# * Draws are inverse-CDF: the smallest token whose cumulative weight exceeds u * total.
+# * Rejection sampling accepts draft x iff q(x) > 0 and u * q(x) < v(x) (v: the current target
+#   distribution, p at first): u = 0 accepts any x with v(x) > 0, q(x) = 0 always rejects.
+#   After a rejection v <- normalize(max(0, v - q)) (one-hot q: x's mass removed); an all-zero
+#   residual falls back to p.
+# * Errors (ValueError naming the request): invalid parameters, num_draft outside [0, K],
+#   malformed trees, draft ids outside [0, V), draft_probs at the drafted token outside [0, 1],
+#   NaN/+Inf logits or a row without a finite value (-Inf is allowed) in any row the request
+#   owns. On CUDA they are detected on the device and raised after the kernel, except while a
+#   CUDA graph is being captured: then no check is possible, and a request with an error gets
+#   num_accepted = 0 and all tokens -1.
+
+
+def _offsets(offset: Optional[Tensor], batch: int, device) -> Tensor:
+    if offset is None:
+        return torch.zeros(batch, dtype=torch.int64, device=device)
+    return offset
+
+
+def _int64(t: Tensor) -> Tensor:
+    return t if t.dtype == torch.int64 else t.long()
+
+
+def sample(logits: Tensor, params: SamplingParams, offset: Optional[Tensor] = None) -> Tensor:
+    """Draw one token per row of logits from the processed distribution.
+
+    Temperature 0 rows take the argmax (ties to the lowest id); other rows apply temperature,
+    top-k, top-p and min-p (see :class:`~specdec_kernels.sampling.SamplingParams`) and draw by
+    inverse CDF with the uniform of ``(seed[n], offset[n], position 0)``. Deterministic for a
+    given seed and offset, independent of the rest of the batch. This is the same processing the
+    verification ops apply to the target logits.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``[N, V]`` float32, float16 or bfloat16, contiguous.
+    params : SamplingParams
+        ``[N]`` per-row parameters on the logits' device.
+    offset : Tensor, optional
+        ``[N]`` int64 Philox counter per row (e.g. tokens generated so far); zeros if omitted.
+
+    Returns
+    -------
+    Tensor
+        ``[N]`` int64 token ids.
+
+    Raises
+    ------
+    ValueError
+        Invalid parameters, or a row with NaN/+Inf or without a finite logit.
+    """
+    return torch.ops.specdec.sample(
+        logits, *params.tensors(), _offsets(offset, logits.shape[0], logits.device)
+    )
+
+
+def sample_with_probs(
+    logits: Tensor, params: SamplingParams, offset: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`sample`, also returning the processed distribution each token was drawn from.
+
+    Drafters pass these distributions to :func:`verify_chain` / :func:`verify_tree` as
+    ``draft_probs``, so the draft's q is exactly the distribution it sampled from.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``[N, V]`` float32, float16 or bfloat16.
+    params : SamplingParams
+        ``[N]`` per-row parameters.
+    offset : Tensor, optional
+        ``[N]`` int64 Philox counter per row.
+
+    Returns
+    -------
+    tokens : Tensor
+        ``[N]`` int64.
+    probs : Tensor
+        ``[N, V]`` float32 processed distribution (one-hot at the argmax for greedy rows).
+    """
+    return torch.ops.specdec.sample_with_probs(
+        logits, *params.tensors(), _offsets(offset, logits.shape[0], logits.device)
+    )
+
+
+def verify_chain(
+    draft_tokens: Tensor,
+    num_draft: Optional[Tensor],
+    target_logits: Tensor,
+    draft_probs: Optional[Tensor],
+    params: SamplingParams,
+    offset: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor]:
+    """Verify a chain of drafts per request against the target's logits, in one launch.
+
+    Greedy requests (temperature 0) accept drafts while each equals the target argmax, then
+    emit the argmax at the first mismatch (or after the last draft). Sampling requests use
+    lossless rejection sampling on the processed target distribution p_i of row i: draft x_i
+    (drafted from q_i) is accepted iff ``q_i(x_i) > 0 and u * q_i(x_i) < p_i(x_i)``; at the first
+    rejection the next token is drawn from ``normalize(max(0, p_i - q_i))`` (from p_i if that is
+    all zero); if every draft is accepted a bonus token is drawn from p_K. The emitted tokens
+    are distributed exactly as the target's own samples. Greedy and sampling requests may
+    share a batch; rows past ``num_draft[b]`` are never read.
+
+    Parameters
+    ----------
+    draft_tokens : Tensor
+        ``[B, K]`` int64 (int32 is converted) draft ids; columns ``>= num_draft[b]`` are ignored.
+    num_draft : Tensor, optional
+        ``[B]`` number of valid drafts per request, in ``[0, K]``; ``K`` for all if omitted.
+    target_logits : Tensor
+        ``[B, K+1, V]`` float32/float16/bfloat16: row i is the target's output at the position
+        whose next token is draft i (row K: after the last draft).
+    draft_probs : Tensor, optional
+        ``[B, K, V]`` float32: the distribution each draft was sampled from (e.g. from
+        :func:`sample_with_probs`). ``None`` for deterministic drafters (n-gram, lookup): q is
+        one-hot at the draft.
+    params : SamplingParams
+        ``[B]`` per-request parameters, applied to the target logits (and assumed to be what
+        produced ``draft_probs``).
+    offset : Tensor, optional
+        ``[B]`` int64 Philox counter per request; zeros if omitted. Advance it every step (e.g.
+        by the tokens emitted) so steps draw fresh uniforms.
+
+    Returns
+    -------
+    tokens : Tensor
+        ``[B, K+1]`` int64: ``tokens[b, :num_accepted[b] + 1]`` are the accepted drafts then the
+        correction or bonus token; the rest is -1.
+    num_accepted : Tensor
+        ``[B]`` int64 accepted drafts, in ``[0, num_draft[b]]``.
+
+    Raises
+    ------
+    ValueError
+        Shapes/dtypes/devices, or per-request value errors (see the section comment above).
+    """
+    batch, k = draft_tokens.shape
+    if num_draft is None:
+        num_draft = torch.full((batch,), k, dtype=torch.int64, device=draft_tokens.device)
+    return torch.ops.specdec.verify_chain(
+        _int64(draft_tokens),
+        _int64(num_draft),
+        target_logits,
+        draft_probs,
+        *params.tensors(),
+        _offsets(offset, batch, target_logits.device),
+    )
+
+
+def verify_tree(
+    tree_tokens: Tensor,
+    parents: Tensor,
+    target_logits: Tensor,
+    draft_probs: Optional[Tensor],
+    params: SamplingParams,
+    offset: Optional[Tensor] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Verify a tree of drafts per request against the target's logits, in one launch.
+
+    Greedy requests take the longest root-to-node path whose every token equals its parent's
+    argmax (ties between equally long paths: the lowest final node index) and emit the argmax
+    after it. Sampling requests use recursive rejection sampling (SpecInfer): at the current
+    node the children are tried in index order against the current distribution v (first the
+    node's processed target p); child c with token x is accepted iff
+    ``q_c(x) > 0 and u * q_c(x) < v(x)``, and after a rejection v becomes
+    ``normalize(max(0, v - q_c))`` (one-hot q_c when ``draft_probs`` is None: x's mass is
+    removed). The first accepted child becomes the current node; when none is, the next token is
+    drawn from v. Lossless for drafts drawn independently from their q (or fixed drafts).
+
+    Parameters
+    ----------
+    tree_tokens : Tensor
+        ``[B, T]`` int64 token of every node; node 0 is the root (the last accepted token,
+        already emitted; its token is not read).
+    parents : Tensor
+        ``[B, T]`` int64 parent index of every node: ``-1`` at node 0, smaller than the node's
+        own index elsewhere, ``-2`` on unused (padding) nodes of ragged trees.
+    target_logits : Tensor
+        ``[B, T, V]``: row j is the target's output at node j (predicts j's children).
+    draft_probs : Tensor, optional
+        ``[B, T, V]`` float32: row j is the distribution node j's token was drawn from (row 0
+        unused). ``None`` for deterministic drafts.
+    params : SamplingParams
+        ``[B]`` per-request parameters.
+    offset : Tensor, optional
+        ``[B]`` int64 Philox counter per request.
+
+    Returns
+    -------
+    accepted_nodes : Tensor
+        ``[B, T]`` int64 accepted non-root nodes, root to leaf, -1 padded.
+    tokens : Tensor
+        ``[B, T]`` int64: ``tokens[b, :num_accepted[b] + 1]`` are their tokens followed by the
+        next token; -1 padded.
+    num_accepted : Tensor
+        ``[B]`` int64 path length.
+
+    Raises
+    ------
+    ValueError
+        Malformed trees (root not at node 0 or several roots, a parent not before its child,
+        which covers cycles, a parent that is padding), draft ids out of range, and the errors of
+        :func:`verify_chain`.
+    """
+    return torch.ops.specdec.verify_tree(
+        _int64(tree_tokens),
+        _int64(parents),
+        target_logits,
+        draft_probs,
+        *params.tensors(),
+        _offsets(offset, tree_tokens.shape[0], target_logits.device),
+    )
+
+
+def typical_verify_chain(
+    draft_tokens: Tensor,
+    num_draft: Optional[Tensor],
+    target_logits: Tensor,
+    params: SamplingParams,
+    offset: Optional[Tensor] = None,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> tuple[Tensor, Tensor]:
+    """Typical acceptance of a chain (Medusa). LOSSY: not the target's distribution.
+
+    A draft x at row i is accepted iff ``p_i(x) > min(posterior_threshold, posterior_alpha *
+    exp(-H(p_i)))`` with p_i the processed target distribution and H its entropy; drafts are
+    accepted up to the first failure, then the next token is drawn from the last row's p
+    (greedy requests behave as in :func:`verify_chain`). Draft probabilities are not used.
+
+    Parameters
+    ----------
+    draft_tokens, num_draft, target_logits, params, offset
+        As in :func:`verify_chain`.
+    posterior_threshold : float
+        Hard threshold epsilon (Medusa's default 0.09).
+    posterior_alpha : float
+        Entropy-scaled threshold delta (Medusa's default 0.3).
+
+    Returns
+    -------
+    tokens : Tensor
+        ``[B, K+1]`` int64, as in :func:`verify_chain`.
+    num_accepted : Tensor
+        ``[B]`` int64.
+    """
+    batch, k = draft_tokens.shape
+    if num_draft is None:
+        num_draft = torch.full((batch,), k, dtype=torch.int64, device=draft_tokens.device)
+    return torch.ops.specdec.typical_verify_chain(
+        _int64(draft_tokens),
+        _int64(num_draft),
+        target_logits,
+        *params.tensors(),
+        _offsets(offset, batch, target_logits.device),
+        float(posterior_threshold),
+        float(posterior_alpha),
+    )
+
+
+def typical_verify_tree(
+    tree_tokens: Tensor,
+    parents: Tensor,
+    target_logits: Tensor,
+    params: SamplingParams,
+    offset: Optional[Tensor] = None,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Typical acceptance over a tree (Medusa). LOSSY: not the target's distribution.
+
+    A node passes iff its token x satisfies the rule of :func:`typical_verify_chain` on its
+    parent's processed distribution; the result is the longest path of passing nodes (ties: the
+    lowest final node index), then a token drawn from the last node's p (greedy requests: as in
+    :func:`verify_tree`).
+
+    Parameters
+    ----------
+    tree_tokens, parents, target_logits, params, offset
+        As in :func:`verify_tree`.
+    posterior_threshold, posterior_alpha : float
+        As in :func:`typical_verify_chain`.
+
+    Returns
+    -------
+    accepted_nodes, tokens, num_accepted : Tensor
+        As in :func:`verify_tree`.
+    """
+    return torch.ops.specdec.typical_verify_tree(
+        _int64(tree_tokens),
+        _int64(parents),
+        target_logits,
+        *params.tensors(),
+        _offsets(offset, tree_tokens.shape[0], target_logits.device),
+        float(posterior_threshold),
+        float(posterior_alpha),
+    )
+
+
+@torch.library.register_fake("specdec::sample")
+def _sample_fake(logits, temperature, top_k, top_p, min_p, seed, offset):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
+@torch.library.register_fake("specdec::sample_with_probs")
+def _sample_with_probs_fake(logits, temperature, top_k, top_p, min_p, seed, offset):
+    return (
+        logits.new_empty((logits.shape[0],), dtype=torch.int64),
+        logits.new_empty(logits.shape, dtype=torch.float32),
+    )
+
+
+def _chain_outputs_fake(draft_tokens):
+    batch, k = draft_tokens.shape
+    return (
+        draft_tokens.new_empty((batch, k + 1), dtype=torch.int64),
+        draft_tokens.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+def _tree_outputs_fake(tree_tokens):
+    batch, nodes = tree_tokens.shape
+    return (
+        tree_tokens.new_empty((batch, nodes), dtype=torch.int64),
+        tree_tokens.new_empty((batch, nodes), dtype=torch.int64),
+        tree_tokens.new_empty((batch,), dtype=torch.int64),
+    )
+
+
+@torch.library.register_fake("specdec::verify_chain")
+def _verify_chain_fake(draft_tokens, num_draft, target_logits, draft_probs, *params):
+    return _chain_outputs_fake(draft_tokens)
+
+
+@torch.library.register_fake("specdec::verify_tree")
+def _verify_tree_fake(tree_tokens, parents, target_logits, draft_probs, *params):
+    return _tree_outputs_fake(tree_tokens)
+
+
+@torch.library.register_fake("specdec::typical_verify_chain")
+def _typical_verify_chain_fake(draft_tokens, num_draft, target_logits, *params):
+    return _chain_outputs_fake(draft_tokens)
+
+
+@torch.library.register_fake("specdec::typical_verify_tree")
+def _typical_verify_tree_fake(tree_tokens, parents, target_logits, *params):
+    return _tree_outputs_fake(tree_tokens)
 
 
 # ----------------------------------------------------------------------------- tree attention

@@ -8,6 +8,7 @@ the compiled ops' job.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,3 +73,369 @@ def rollback_paged_kv_cache_(
         tail.fill_(-1)
     cache_lens.copy_(new_lens)
     return freed_blocks
+
+
+# ----------------------------------------------------------------------------- verification
+#
+# The executable specification of the sampling and verification ops (see the section comment
+# in specdec_kernels/ops.py). Scalar arithmetic is float32 (numpy.float32), vector arithmetic
+# float32 torch ops on CPU, long sums accumulate in double (torch.cumsum on CPU does), so the
+# compiled kernels agree with this code bit for bit on every weight and on every decision
+# except when a sum lands within a float32 rounding of a threshold.
+
+_M32 = 0xFFFFFFFF
+STREAM_VERIFY = 0
+STREAM_SAMPLE = 1
+_F32 = np.float32
+
+
+def philox4x32_10(counter: tuple, key: tuple) -> tuple:
+    """Philox4x32 with 10 rounds (Random123) on four 32-bit counter words and two key words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0 = 0xD2511F53 * c0
+        p1 = 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, p1 & _M32, ((p0 >> 32) ^ c3 ^ k1) & _M32, p0 & _M32
+        k0 = (k0 + 0x9E3779B9) & _M32
+        k1 = (k1 + 0xBB67AE85) & _M32
+    return c0, c1, c2, c3
+
+
+def uniforms(seed: int, offset: int, position: int, stream: int) -> tuple:
+    """The (accept, sample) uniforms of a request at a position: words 0 and 1 of
+    Philox(counter = (offset lo, offset hi, position, stream), key = (seed lo, seed hi)), each
+    mapped to ``(word >> 8) * 2**-24``."""
+    seed &= 0xFFFFFFFFFFFFFFFF
+    offset &= 0xFFFFFFFFFFFFFFFF
+    words = philox4x32_10(
+        (offset & _M32, offset >> 32, position & _M32, stream), (seed & _M32, seed >> 32)
+    )
+    return _F32((words[0] >> 8) * 2.0**-24), _F32((words[1] >> 8) * 2.0**-24)
+
+
+def _c(value: float) -> Tensor:
+    return torch.tensor(value, dtype=torch.float32)
+
+
+def specdec_exp(x: Tensor) -> Tensor:
+    """The ops' float32 exp (a Cephes-style polynomial; 0 below -87), operation for operation."""
+    xc = x.clamp(-87.0, 88.0)
+    magic = _c(12582912.0)
+    n = (xc * _c(1.44269504088896341) + magic) - magic
+    r = (xc - n * _c(0.693359375)) - n * _c(-2.12194440e-4)
+    p = _c(1.9875691500e-4).expand_as(r)
+    for coefficient in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + _c(coefficient)
+    y = ((p * r) * r + r) + _c(1.0)
+    scale = ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+    return torch.where(x < -87.0, torch.zeros_like(y), y * scale)
+
+
+def _first_above(cumulative: Tensor, weights: Tensor, target) -> int:
+    """Inverse-CDF pick: the smallest index whose cumulative weight exceeds target, else the
+    last index with positive weight (else 0)."""
+    above = (cumulative > torch.tensor(target, dtype=torch.float32)).nonzero()
+    if above.numel():
+        return int(above[0, 0])
+    positive = (weights > 0).nonzero()
+    return int(positive[-1, 0]) if positive.numel() else 0
+
+
+def _total(weights: Tensor):
+    """float32 of the double sum of weights, in index order (as the kernels accumulate)."""
+    return _F32(torch.cumsum(weights, 0)[-1].item())
+
+
+class ProcessedRow:
+    """One row of logits after temperature, top-k, top-p and min-p.
+
+    Attributes: ``greedy``, ``argmax``; for sampling rows ``weights`` (kept w, float32
+    ``[V]``), ``total`` (their sum), ``probs`` (``weights / total``) and, with entropy,
+    ``weighted_log_sum`` (the sum of w * (l - M) / T over kept tokens).
+    """
+
+    def __init__(self, logits: Tensor, temperature, top_k: int, top_p, min_p, with_entropy=False):
+        l = logits.detach().to("cpu", torch.float32)
+        vocab = l.numel()
+        self.argmax = int(torch.argmax(l))  # the first maximal index
+        self.greedy = _F32(temperature) == 0
+        if self.greedy:
+            self.probs = torch.zeros(vocab)
+            self.probs[self.argmax] = 1.0
+            return
+        inv_t = _F32(1.0) / _F32(temperature)
+        scaled = (l - l[self.argmax]) * _c(inv_t)
+        w = specdec_exp(scaled)
+        kept = torch.ones(vocab, dtype=torch.bool)
+        top_k_mass = _total(w)
+        if 0 < top_k < vocab:
+            kth = l.sort(descending=True).values[top_k - 1]
+            kept &= l >= kth
+            top_k_mass = _F32(w[kept].double().sum().item())
+        if _F32(top_p) < 1:
+            order = torch.argsort(torch.where(kept, l, -float("inf")), descending=True, stable=True)
+            order = order[: int(kept.sum())]
+            cumulative = torch.cumsum(w[order], 0)
+            target = _F32(top_p) * top_k_mass
+            reached = (cumulative >= torch.tensor(target)).nonzero()
+            last = int(reached[0, 0]) if reached.numel() else order.numel() - 1
+            kept &= l >= l[order[last]]
+        if _F32(min_p) > 0:
+            kept &= w >= torch.tensor(_F32(min_p))
+        self.weights = torch.where(kept, w, torch.zeros_like(w))
+        self.total = _total(self.weights)
+        self.probs = self.weights / torch.tensor(self.total)
+        if with_entropy:
+            products = self.weights * scaled
+            self.weighted_log_sum = _F32(products[self.weights > 0].double().sum().item())
+
+    def prob(self, x: int):
+        return _F32(self.probs[x].item())
+
+    def draw(self, u) -> int:
+        """A draw from the processed distribution with uniform u (the argmax if greedy)."""
+        if self.greedy:
+            return self.argmax
+        target = _F32(u) * self.total
+        return _first_above(torch.cumsum(self.weights, 0), self.weights, target)
+
+    def typical_threshold(self, posterior_threshold: float, posterior_alpha: float):
+        """min(eps, alpha * exp(-H)) with exp(-H) = exp(A / Zk) / Zk."""
+        mean = torch.tensor(self.weighted_log_sum / self.total)
+        inv_perplexity = _F32(specdec_exp(mean).item()) / self.total
+        adaptive = _F32(posterior_alpha) * inv_perplexity
+        return min(adaptive, _F32(posterior_threshold))
+
+
+def _row_params(params, offset: Tensor, b: int) -> dict:
+    return dict(
+        temperature=_F32(params.temperature[b].item()),
+        top_k=int(params.top_k[b]),
+        top_p=_F32(params.top_p[b].item()),
+        min_p=_F32(params.min_p[b].item()),
+        seed=int(params.seed[b]),
+        offset=int(offset[b]),
+    )
+
+
+def _process(logits: Tensor, p: dict, with_entropy=False) -> ProcessedRow:
+    return ProcessedRow(logits, p["temperature"], p["top_k"], p["top_p"], p["min_p"], with_entropy)
+
+
+def sample_with_probs(logits: Tensor, params, offset: Tensor = None):
+    """Reference of :func:`specdec_kernels.ops.sample_with_probs`."""
+    rows, vocab = logits.shape
+    offset = torch.zeros(rows, dtype=torch.int64) if offset is None else offset
+    tokens = torch.empty(rows, dtype=torch.int64)
+    probs = torch.empty(rows, vocab, dtype=torch.float32)
+    for n in range(rows):
+        p = _row_params(params, offset, n)
+        row = _process(logits[n], p)
+        tokens[n] = row.draw(uniforms(p["seed"], p["offset"], 0, STREAM_SAMPLE)[1])
+        probs[n] = row.probs
+    return tokens.to(logits.device), probs.to(logits.device)
+
+
+def sample(logits: Tensor, params, offset: Tensor = None) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.sample`."""
+    return sample_with_probs(logits, params, offset)[0]
+
+
+class _Request:
+    """One request as a tree: parents (-1 root, -2 padding), tokens, target rows and draft
+    distributions per node."""
+
+    def __init__(self, parents, tokens, logits_row, draft_row):
+        self.parents = parents
+        self.tokens = tokens
+        self.logits_row = logits_row  # node -> logits [V]
+        self.draft_row = draft_row  # node -> q [V] float32 CPU, or None when one-hot
+
+    def children(self, j: int) -> list:
+        return [c for c in range(len(self.parents)) if c > j and self.parents[c] == j]
+
+
+def _residual(v: Tensor, q: Tensor, normaliser) -> Tensor:
+    d = v - q
+    return torch.where(d > 0, d / torch.tensor(normaliser), torch.zeros_like(d))
+
+
+def _decide_sampling_node(req: _Request, row: ProcessedRow, p: dict, node: int):
+    """Recursive rejection sampling at one node: (accepted child or None, next token)."""
+    vocab = row.probs.numel()
+    v = row.probs.clone()
+    residual_active = False
+    for c in req.children(node):
+        x = req.tokens[c]
+        if req.draft_row is None:
+            q = torch.zeros(vocab)
+            q[x] = 1.0
+        else:
+            q = req.draft_row(c)
+        qx = _F32(q[x].item())
+        vx = _F32(v[x].item())
+        u = uniforms(p["seed"], p["offset"], c, STREAM_VERIFY)[0]
+        if qx > 0 and u * qx < vx:
+            return c, None
+        if req.draft_row is None:
+            normaliser = _F32(1.0) - vx
+        else:
+            d = v - q
+            normaliser = _total(torch.where(d > 0, d, torch.zeros_like(d)))
+        residual_active = True
+        if normaliser > 0:
+            v = _residual(v, q, normaliser)
+        else:  # an all-zero residual: start again from p
+            v = row.probs.clone()
+            residual_active = False
+    u = uniforms(p["seed"], p["offset"], node, STREAM_VERIFY)[1]
+    if residual_active:
+        total = _total(v)
+        if total > 0:
+            return None, _first_above(torch.cumsum(v, 0), v, _F32(u) * total)
+    return None, row.draw(u)
+
+
+def _verify_rejection(req: _Request, p: dict):
+    node, path = 0, []
+    while True:
+        row = _process(req.logits_row(node), p)
+        child, token = _decide_sampling_node(req, row, p, node)
+        if child is None:
+            return path, token
+        path.append(child)
+        node = child
+
+
+def _verify_longest_path(req: _Request, p: dict, typical):
+    """Greedy (typical is None) or typical acceptance: the longest passing path."""
+    greedy = p["temperature"] == 0
+    num_nodes = len(req.parents)
+    depth = [-1] * num_nodes
+    next_token = [None] * num_nodes
+    depth[0] = 0
+    for j in range(num_nodes):
+        if depth[j] < 0:
+            continue
+        row = _process(req.logits_row(j), p, with_entropy=not greedy)
+        threshold = None if greedy else row.typical_threshold(*typical)
+        any_passed = False
+        for c in req.children(j):
+            x = req.tokens[c]
+            passed = x == row.argmax if greedy else row.prob(x) > threshold
+            if passed:
+                depth[c] = depth[j] + 1
+                any_passed = True
+        if not any_passed:
+            next_token[j] = row.draw(uniforms(p["seed"], p["offset"], j, STREAM_VERIFY)[1])
+    last = max(range(num_nodes), key=lambda j: (depth[j], -j))
+    path = []
+    node = last
+    while node != 0:
+        path.append(node)
+        node = req.parents[node]
+    return path[::-1], next_token[last]
+
+
+def _chain_request(draft_tokens, num_draft, target_logits, draft_probs, b) -> _Request:
+    k = draft_tokens.shape[1]
+    n = int(num_draft[b])
+    parents = [-1] + [i for i in range(n)] + [-2] * (k - n)
+    tokens = [0] + [int(t) for t in draft_tokens[b]]
+    draft_row = None
+    if draft_probs is not None:
+        draft_row = lambda c: draft_probs[b, c - 1].detach().to("cpu", torch.float32)  # noqa: E731
+    return _Request(parents, tokens, lambda j: target_logits[b, j], draft_row)
+
+
+def _tree_request(tree_tokens, parents, target_logits, draft_probs, b) -> _Request:
+    draft_row = None
+    if draft_probs is not None:
+        draft_row = lambda c: draft_probs[b, c].detach().to("cpu", torch.float32)  # noqa: E731
+    return _Request(
+        [int(x) for x in parents[b]],
+        [int(x) for x in tree_tokens[b]],
+        lambda j: target_logits[b, j],
+        draft_row,
+    )
+
+
+def _run(requests, params, offset, width, typical, device):
+    batch = len(requests)
+    nodes = torch.full((batch, width), -1, dtype=torch.int64)
+    tokens = torch.full((batch, width), -1, dtype=torch.int64)
+    num_accepted = torch.zeros(batch, dtype=torch.int64)
+    for b, req in enumerate(requests):
+        p = _row_params(params, offset, b)
+        if typical is None and p["temperature"] != 0:
+            path, token = _verify_rejection(req, p)
+        else:
+            path, token = _verify_longest_path(req, p, typical)
+        n = len(path)
+        nodes[b, :n] = torch.tensor(path, dtype=torch.int64)
+        tokens[b, :n] = torch.tensor([req.tokens[c] for c in path], dtype=torch.int64)
+        tokens[b, n] = token
+        num_accepted[b] = n
+    return nodes.to(device), tokens.to(device), num_accepted.to(device)
+
+
+def _offset_or_zeros(offset, batch):
+    return torch.zeros(batch, dtype=torch.int64) if offset is None else offset.cpu()
+
+
+def verify_chain(draft_tokens, num_draft, target_logits, draft_probs, params, offset=None):
+    """Reference of :func:`specdec_kernels.ops.verify_chain` (the chain as a path tree)."""
+    batch, k = draft_tokens.shape
+    num_draft = torch.full((batch,), k) if num_draft is None else num_draft.cpu()
+    requests = [
+        _chain_request(draft_tokens.cpu(), num_draft, target_logits, draft_probs, b)
+        for b in range(batch)
+    ]
+    _, tokens, num_accepted = _run(
+        requests, params, _offset_or_zeros(offset, batch), k + 1, None, target_logits.device
+    )
+    return tokens, num_accepted
+
+
+def verify_tree(tree_tokens, parents, target_logits, draft_probs, params, offset=None):
+    """Reference of :func:`specdec_kernels.ops.verify_tree`."""
+    batch, width = tree_tokens.shape
+    requests = [
+        _tree_request(tree_tokens.cpu(), parents.cpu(), target_logits, draft_probs, b)
+        for b in range(batch)
+    ]
+    return _run(requests, params, _offset_or_zeros(offset, batch), width, None, target_logits.device)
+
+
+def typical_verify_chain(
+    draft_tokens, num_draft, target_logits, params, offset=None, posterior_threshold=0.09,
+    posterior_alpha=0.3,
+):
+    """Reference of :func:`specdec_kernels.ops.typical_verify_chain`."""
+    batch, k = draft_tokens.shape
+    num_draft = torch.full((batch,), k) if num_draft is None else num_draft.cpu()
+    requests = [
+        _chain_request(draft_tokens.cpu(), num_draft, target_logits, None, b) for b in range(batch)
+    ]
+    _, tokens, num_accepted = _run(
+        requests, params, _offset_or_zeros(offset, batch), k + 1,
+        (posterior_threshold, posterior_alpha), target_logits.device,
+    )
+    return tokens, num_accepted
+
+
+def typical_verify_tree(
+    tree_tokens, parents, target_logits, params, offset=None, posterior_threshold=0.09,
+    posterior_alpha=0.3,
+):
+    """Reference of :func:`specdec_kernels.ops.typical_verify_tree`."""
+    batch, width = tree_tokens.shape
+    requests = [
+        _tree_request(tree_tokens.cpu(), parents.cpu(), target_logits, None, b)
+        for b in range(batch)
+    ]
+    return _run(
+        requests, params, _offset_or_zeros(offset, batch), width,
+        (posterior_threshold, posterior_alpha), target_logits.device,
+    )

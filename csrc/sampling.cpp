@@ -1,0 +1,103 @@
+// CPU kernels of sample and sample_with_probs: one task per row of logits (see
+// kernels/sampling.cuh for the processing and kernels/philox.cuh for the uniforms).
+
+// Lets g++ if-convert the clamps of specdec_exp and vectorise the per-token loops; no IEEE
+// result changes (nothing here relies on floating-point traps).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "sampling_common.h"
+#include "sampling_cpu.h"
+
+namespace specdec {
+namespace {
+
+// Rows per parallel task: enough work per task to amortise the scheduling for small V.
+int64_t row_grain(int64_t vocab) { return std::max<int64_t>(1, 16384 / vocab); }
+
+template <typename scalar_t>
+void sample_rows_cpu(const at::Tensor& logits, const ParamPointers& params, int mantissa,
+                     int64_t* tokens, float* probs, std::vector<uint64_t>& errors) {
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  const scalar_t* base = logits.const_data_ptr<scalar_t>();
+  at::parallel_for(0, rows, row_grain(vocab), [&](int64_t begin, int64_t end) {
+    CpuRow row;
+    for (int64_t n = begin; n < end; ++n) {
+      tokens[n] = -1;
+      if (errors[n] != kNoError) continue;
+      const scalar_t* logits_row = base + n * vocab;
+      if (!row_is_valid(logits_row, vocab)) {
+        errors[n] = encode_error(kErrLogits, n);
+        continue;
+      }
+      const RowParams p = params.at(n);
+      row.load(logits_row, vocab, mantissa);
+      row.process(p, /*with_entropy=*/false);
+      tokens[n] = row.draw_target(uniforms_at(p.seed, p.offset, 0, kStreamSample).sample);
+      if (probs != nullptr) row.write_probs(probs + n * vocab);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> sample_cpu_impl(
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
+    const at::Tensor& offset, bool with_probs) {
+  check_logits(logits, "logits", 2, "[N, V]");
+  const ParamTensors params{temperature, top_k, top_p, min_p, seed, offset};
+  const int64_t rows = logits.size(0);
+  const int64_t vocab = logits.size(1);
+  check_params(params, rows, logits.device());
+  at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
+  at::Tensor probs =
+      at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
+  const ParamPointers pointers(params);
+  std::vector<uint64_t> errors(rows, kNoError);
+  for (int64_t n = 0; n < rows; ++n) {
+    const uint32_t kind = check_row_params(pointers.at(n));
+    if (kind != kErrNone) errors[n] = encode_error(kind, 0);
+  }
+  float* probs_ptr = with_probs ? probs.mutable_data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "sample_cpu", [&] {
+    sample_rows_cpu<scalar_t>(logits, pointers, mantissa_bits(logits.scalar_type()),
+                              tokens.mutable_data_ptr<int64_t>(), probs_ptr, errors);
+  });
+  ErrorContext ctx{OpKind::kSample, params};
+  ctx.vocab = vocab;
+  raise_first_error(errors.data(), rows, ctx);
+  return {tokens, probs};
+}
+
+at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature,
+                      const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
+                      const at::Tensor& seed, const at::Tensor& offset) {
+  return std::get<0>(
+      sample_cpu_impl(logits, temperature, top_k, top_p, min_p, seed, offset, false));
+}
+
+std::tuple<at::Tensor, at::Tensor> sample_with_probs_cpu(
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
+    const at::Tensor& offset) {
+  return sample_cpu_impl(logits, temperature, top_k, top_p, min_p, seed, offset, true);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("sample", &sample_cpu);
+  m.impl("sample_with_probs", &sample_with_probs_cpu);
+}
+
+}  // namespace specdec
