@@ -1,16 +1,20 @@
 // CPU kernels of the tree ops: the mask builder and tree attention.
 //
-// Tree attention mirrors the CUDA kernels' tile logic: key tiles are converted to float once and
-// shared by every query row of a task (a block of tree tokens times the query heads of one KV
-// head), with a per-tile online softmax in fp32.
+// Tree attention mirrors the CUDA kernels' tile logic: a task is a block of tree tokens times the
+// query heads of one KV head; each key tile (converted to float once) serves all its rows through
+// two small GEMMs (scores = Q K^T, acc += P V), with a per-tile online softmax in fp32 between.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "tree_common.h"
@@ -79,15 +83,49 @@ build_tree_masks_cpu(const at::Tensor& parents, const at::Tensor& prefix_lens) {
 // ------------------------------------------------------------------------- tree_attention
 
 constexpr int64_t kTokensPerTask = 16;
-constexpr int64_t kKeyTile = 64;
+constexpr int64_t kKeyTile = 256;
 
-// Per-task fp32 scratch: scaled queries, output accumulators, one K/V tile, scores, row stats.
-struct AttentionScratch {
-  std::vector<float> q, acc, k, v, scores, row_max, row_sum;
-  AttentionScratch(int64_t rows, int64_t head_dim)
-      : q(rows * head_dim), acc(rows * head_dim), k(kKeyTile * head_dim),
-        v(kKeyTile * head_dim), scores(rows * kKeyTile), row_max(rows), row_sum(rows) {}
-};
+// One task's K or V tile as a float [tile, D] matrix: a strided view of the cache itself for
+// float32, else a converted copy in `buffer`.
+template <typename scalar_t>
+at::Tensor key_tile(const scalar_t* rows, int64_t row_stride, int64_t tile, int64_t head_dim,
+                    std::vector<float>& buffer) {
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    return at::from_blob(const_cast<float*>(rows), {tile, head_dim}, {row_stride, 1}, opts);
+  } else {
+    for (int64_t i = 0; i < tile; ++i)
+      for (int64_t d = 0; d < head_dim; ++d)
+        buffer[i * head_dim + d] = static_cast<float>(rows[i * row_stride + d]);
+    return at::from_blob(buffer.data(), {tile, head_dim}, opts);
+  }
+}
+
+// Online softmax over one tile of scores (in place: scores become probabilities, 0 where
+// masked). Returns the factor the row's earlier accumulators must be scaled by.
+float softmax_tile_row(float* scores, int64_t tile, int64_t key0, int64_t cache_len,
+                       const int32_t* bits, float& row_max, float& row_sum) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float tile_max = kNegInf;
+  for (int64_t i = 0; i < tile; ++i) {
+    if (!tree_key_visible(bits, key0 + i, cache_len)) scores[i] = kNegInf;
+    tile_max = std::max(tile_max, scores[i]);
+  }
+  if (tile_max == kNegInf) {  // nothing visible to this row in this tile
+    std::fill(scores, scores + tile, 0.f);
+    return 1.f;
+  }
+  const float new_max = std::max(row_max, tile_max);
+  const float rescale = std::exp(row_max - new_max);  // 0 on the first visible tile
+  float tile_sum = 0.f;
+  for (int64_t i = 0; i < tile; ++i) {
+    scores[i] = std::exp(scores[i] - new_max);  // exp(-inf) = 0 for masked keys
+    tile_sum += scores[i];
+  }
+  row_sum = row_sum * rescale + tile_sum;
+  row_max = new_max;
+  return rescale;
+}
 
 template <typename scalar_t, typename index_t>
 void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
@@ -106,10 +144,14 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const auto qs = q.strides();
   const auto ks = k_cache.strides();
   const auto vs = v_cache.strides();
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
 
   at::parallel_for(0, s.batch * s.kv_heads * token_blocks, 1, [&](int64_t begin, int64_t end) {
-    AttentionScratch w(kTokensPerTask * group, head_dim);
+    const int64_t max_rows = kTokensPerTask * group;
+    std::vector<float> q_buf(max_rows * head_dim), acc_buf(max_rows * head_dim);
+    std::vector<float> k_buf(kKeyTile * head_dim), v_buf(kKeyTile * head_dim);
+    std::vector<float> score_buf(max_rows * kKeyTile);
+    std::vector<float> row_max(max_rows), row_sum(max_rows), rescale(max_rows);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t tb = task % token_blocks;
       const int64_t h = (task / token_blocks) % s.kv_heads;
@@ -123,69 +165,38 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
       for (int64_t r = 0; r < rows; ++r) {
         const scalar_t* src = q_ptr + b * qs[0] + (t0 + r / group) * qs[1] +
                               (h * group + r % group) * qs[2];
-        for (int64_t d = 0; d < head_dim; ++d)
-          w.q[r * head_dim + d] = static_cast<float>(src[d]) * scale;
+        for (int64_t d = 0; d < head_dim; ++d) q_buf[r * head_dim + d] = static_cast<float>(src[d]) * scale;
       }
-      std::fill(w.acc.begin(), w.acc.begin() + rows * head_dim, 0.f);
-      std::fill(w.row_max.begin(), w.row_max.begin() + rows, kNegInf);
-      std::fill(w.row_sum.begin(), w.row_sum.begin() + rows, 0.f);
+      const at::Tensor q_rows = at::from_blob(q_buf.data(), {rows, head_dim}, opts);
+      at::Tensor acc = at::from_blob(acc_buf.data(), {rows, head_dim}, opts);
+      acc.zero_();
+      std::fill(row_max.begin(), row_max.begin() + rows, -std::numeric_limits<float>::infinity());
+      std::fill(row_sum.begin(), row_sum.begin() + rows, 0.f);
 
       for (int64_t k0 = 0; k0 < num_keys; k0 += kKeyTile) {
         const int64_t tile = std::min(kKeyTile, num_keys - k0);
-        for (int64_t i = 0; i < tile; ++i) {
-          const scalar_t* ksrc = k_ptr + b * ks[0] + h * ks[1] + (k0 + i) * ks[2];
-          const scalar_t* vsrc = v_ptr + b * vs[0] + h * vs[1] + (k0 + i) * vs[2];
-          for (int64_t d = 0; d < head_dim; ++d) {
-            w.k[i * head_dim + d] = static_cast<float>(ksrc[d]);
-            w.v[i * head_dim + d] = static_cast<float>(vsrc[d]);
-          }
-        }
+        const at::Tensor keys = key_tile(k_ptr + b * ks[0] + h * ks[1] + k0 * ks[2], ks[2], tile, head_dim, k_buf);
+        const at::Tensor values = key_tile(v_ptr + b * vs[0] + h * vs[1] + k0 * vs[2], vs[2], tile, head_dim, v_buf);
+        at::Tensor scores = at::from_blob(score_buf.data(), {rows, tile}, opts);
+        at::mm_out(scores, q_rows, keys.t());
         for (int64_t r = 0; r < rows; ++r) {
           const int32_t* bits = mask + (b * s.tokens + t0 + r / group) * s.words;
-          const float* qr = w.q.data() + r * head_dim;
-          float* sr = w.scores.data() + r * kKeyTile;
-          float tile_max = kNegInf;
-          for (int64_t i = 0; i < tile; ++i) {
-            if (!tree_key_visible(bits, k0 + i, cache_len)) {
-              sr[i] = kNegInf;
-              continue;
-            }
-            const float* kr = w.k.data() + i * head_dim;
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t d = 0; d < head_dim; ++d) dot += qr[d] * kr[d];
-            sr[i] = dot;
-            tile_max = std::max(tile_max, dot);
+          rescale[r] = softmax_tile_row(score_buf.data() + r * tile, tile, k0, cache_len, bits,
+                                        row_max[r], row_sum[r]);
+          if (rescale[r] != 1.f) {
+            float* ar = acc_buf.data() + r * head_dim;
+            for (int64_t d = 0; d < head_dim; ++d) ar[d] *= rescale[r];
           }
-          if (tile_max == kNegInf) continue;  // nothing visible in this tile
-          const float new_max = std::max(w.row_max[r], tile_max);
-          const float rescale = std::exp(w.row_max[r] - new_max);  // 0 on the first visible tile
-          float* ar = w.acc.data() + r * head_dim;
-          if (rescale != 1.f) {
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) ar[d] *= rescale;
-          }
-          float tile_sum = 0.f;
-          for (int64_t i = 0; i < tile; ++i) {
-            if (sr[i] == kNegInf) continue;
-            const float p = std::exp(sr[i] - new_max);
-            tile_sum += p;
-            const float* vr = w.v.data() + i * head_dim;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) ar[d] += p * vr[d];
-          }
-          w.row_sum[r] = w.row_sum[r] * rescale + tile_sum;
-          w.row_max[r] = new_max;
         }
+        acc.addmm_(scores, values);
       }
 
       // Rows that saw no key at all (an empty mask row over an empty prefix) are zero.
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = t0 + r / group;
         scalar_t* dst = out_ptr + ((b * s.tokens + t) * s.q_heads + h * group + r % group) * head_dim;
-        const float inv = w.row_sum[r] > 0.f ? 1.f / w.row_sum[r] : 0.f;
-        for (int64_t d = 0; d < head_dim; ++d)
-          dst[d] = static_cast<scalar_t>(w.acc[r * head_dim + d] * inv);
+        const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc_buf[r * head_dim + d] * inv);
       }
     }
   });
