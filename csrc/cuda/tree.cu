@@ -29,10 +29,29 @@ bool capturing_graph() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
+constexpr int kMaxDevices = 64;
+
 int device_attribute(cudaDeviceAttr attribute, int device) {
   int value = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
   return value;
+}
+
+// SM count and major compute capability, queried once per device.
+struct DeviceInfo {
+  int sms = 0, major = 0;
+};
+
+const DeviceInfo& device_info(int device) {
+  static DeviceInfo cache[kMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "tree_attention: device index ", device,
+              " out of range");
+  DeviceInfo& info = cache[device];
+  if (info.sms == 0) {
+    info.major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+    info.sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  }
+  return info;
 }
 
 // ------------------------------------------------------------------------- build_tree_masks
@@ -90,7 +109,7 @@ bool use_mma_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const bool half_type = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
   const bool dim_ok = head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
   if (!half_type || !dim_ok) return false;
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor, q.get_device()) < 8) return false;
+  if (device_info(q.get_device()).major < 8) return false;
   return aligned_rows(q, {q.stride(0), q.stride(1), q.stride(2)}) &&
          aligned_rows(k, {k.stride(0), k.stride(1), k.stride(2)}) &&
          aligned_rows(v, {v.stride(0), v.stride(1), v.stride(2)});
@@ -100,27 +119,32 @@ bool use_mma_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // at least one granule of keys. `max_keys` bounds cache_lens[b] + T over the batch.
 int64_t choose_split_keys(int64_t base_ctas, int64_t max_keys, int ctas_per_sm, int device) {
   const int64_t granules = ceil_div<int64_t>(max_keys, kSplitGranule);
-  const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  const int64_t sms = device_info(device).sms;
   int64_t wanted = ceil_div<int64_t>(sms * ctas_per_sm, base_ctas);
   wanted = std::clamp<int64_t>(wanted, 1, std::min<int64_t>(granules, kMaxSplits));
   return ceil_div<int64_t>(granules, wanted) * kSplitGranule;
 }
 
+// Raises a kernel's dynamic shared-memory limit when it needs more than before on this device
+// (once per kernel and size in practice, so graph capture normally sees no attribute calls).
 template <typename kernel_t>
-void set_dynamic_smem(kernel_t kernel, int64_t bytes) {
+void set_dynamic_smem(kernel_t kernel, int64_t bytes, int device) {
+  static int64_t granted[kMaxDevices] = {};
+  if (bytes <= granted[device]) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(bytes)));
+  granted[device] = bytes;
 }
 
 // The tensor-core kernel, instantiated per supported head dim (2-byte types only).
 template <typename scalar_t, typename index_t>
 void launch_tree_attention_mma(const TreeAttentionParams<scalar_t, index_t>& p, dim3 grid,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, int device) {
   auto launch = [&](auto dim_tag) {
     constexpr int kDim = decltype(dim_tag)::value;
     auto kernel = tree_attention_mma_kernel<scalar_t, index_t, kDim>;
     const int64_t smem = MmaSmemLayout<kDim>::bytes;
-    set_dynamic_smem(kernel, smem);
+    set_dynamic_smem(kernel, smem, device);
     kernel<<<grid, kTreeAttentionThreads, smem, stream>>>(p);
   };
   switch (p.head_dim) {
@@ -150,14 +174,15 @@ void launch_tree_attention(TreeAttentionParams<scalar_t, index_t> p, bool mma, i
     p.partial_lse = partial_lse.mutable_data_ptr<float>();
   }
   auto stream = c10::cuda::getCurrentCUDAStream();
+  const int device = q.get_device();
   const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(p.num_splits));
   if constexpr (sizeof(scalar_t) == 2) {
-    if (mma) launch_tree_attention_mma(p, grid, stream);
+    if (mma) launch_tree_attention_mma(p, grid, stream, device);
   }
   if (!mma) {
     auto kernel = tree_attention_simt_kernel<scalar_t, index_t>;
     const int64_t smem = simt_smem_floats(p.head_dim) * static_cast<int64_t>(sizeof(float));
-    set_dynamic_smem(kernel, smem);
+    set_dynamic_smem(kernel, smem, device);
     kernel<<<grid, kTreeAttentionThreads, smem, stream>>>(p);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
