@@ -159,6 +159,44 @@ def test_strided_inputs(device, gen, dtype):
     torch.testing.assert_close(out, contiguous, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_unaligned_views(device, gen, dtype):
+    """Caches that start one element into their storage (no 16-byte rows: on CUDA the SIMT
+    kernel instead of the tensor-core one)."""
+    batch, tokens, heads, dim, capacity = 2, 7, 4, 64, 50
+    storage = torch.randn(2, batch * heads * capacity * dim + 1, generator=gen).to(dtype).to(device)
+    k, v = (s[1:].view(batch, heads, capacity, dim) for s in storage)
+    q = torch.randn(batch, tokens, heads, dim, generator=gen).to(dtype).to(device)
+    _, parents = stack_trees([tree_from_parents(random_parents(tokens, gen)) for _ in range(batch)])
+    lens = torch.tensor([30, 43])
+    packed = ops.build_tree_masks(parents, lens).packed_mask.to(device)
+    out = ops.tree_attention(q, k, v, lens.to(device), packed)
+    assert_flash_rule(out, q, k, v, lens.to(device), packed, dim**-0.5)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_graph_capture(gen, dtype):
+    """Captured without host checks (splits sized by the cache capacity), replayed: same result."""
+    args = make_case(gen, "cuda", dtype, batch=3, tokens=21, q_heads=8, kv_heads=2, head_dim=128,
+                     cache_lens=[700, 5, 260], extra=300)
+    _, parents = stack_trees([tree_from_parents(random_parents(21, gen)) for _ in range(3)])
+    parents, lens = parents.cuda(), args[3]
+    eager = ops.tree_attention(*args)
+    ops.build_tree_masks(parents, lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = ops.tree_attention(*args)
+        masks = ops.build_tree_masks(parents, lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_flash_rule(graphed, *args, 128**-0.5)
+    torch.testing.assert_close(graphed, eager, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=0)
+    want = reference.build_tree_masks(parents.cpu(), lens.cpu())
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(masks, want))
+
+
 def test_empty_shapes(device):
     q = torch.zeros(2, 0, 4, 64, device=device)
     k = torch.zeros(2, 2, 5, 64, device=device)
