@@ -135,4 +135,3 @@ def rollback_paged_kv_cache_(
         tail.fill_(-1)
     cache_lens.copy_(new_lens)
     return freed_blocks
-
