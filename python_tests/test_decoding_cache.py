@@ -23,7 +23,7 @@ STEPS = 14
 @torch.inference_mode()
 def fresh_kv(model, tokens):
     """Per-layer (K, V) ``[H, n, D]`` of a plain HF prefill of ``tokens``."""
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache()  # no config: full-length layers, sliding ones too
     model(torch.tensor([tokens], device=model.device), past_key_values=cache, use_cache=True)
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
@@ -45,7 +45,7 @@ def make(name, model):
     if name == "self-speculative":
         return SelfSpeculativeDrafter(num_layers=1, num_draft=3)
     if name == "draft-model-random":
-        return DraftModelDrafter(tiny_model("llama", seed=5).to(model.device), num_draft=3)
+        return DraftModelDrafter(tiny_model("llama", vocab=16, seed=5).to(model.device), num_draft=3)
     if name == "draft-model-adaptive":
         return DraftModelDrafter(truncated_copy(model, 1), num_draft=2, adaptive=True)
     raise ValueError(name)

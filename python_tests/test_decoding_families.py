@@ -7,6 +7,7 @@ import torch
 
 from python_tests.conftest import DEVICES
 from python_tests.decoding_helpers import hf_greedy, tiny_model, truncated_copy
+from specdec_kernels.models.hf_tree_attention import register_tree_attention
 from specdec_kernels.decoding import (
     DraftModelDrafter,
     PromptLookupDrafter,
@@ -36,12 +37,20 @@ def drafters(family, model, device):
     }
 
 
-@pytest.fixture(scope="module", params=[(f, d) for f in FAMILIES for d in DEVICES])
+@pytest.fixture(
+    scope="module",
+    params=[(f, d, a) for f in FAMILIES for d in DEVICES for a in ["sdpa", "tree-kernel"]],
+    ids=lambda p: "-".join(p),
+)
 def family_case(request):
-    family, device = request.param
+    """A tiny model, ragged prompts and HF's greedy output; the engine runs the model with
+    sdpa and 4D masks, or with the registered tree-attention kernel."""
+    family, device, attention = request.param
     model = tiny_model(family).to(device)
     prompts = ragged_prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
     expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    if attention == "tree-kernel":
+        model.set_attn_implementation(register_tree_attention())
     return family, device, model, prompts, expected
 
 

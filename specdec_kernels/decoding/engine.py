@@ -11,6 +11,7 @@ request's *pending* token (emitted, K/V not yet cached): the first step verifies
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -234,18 +235,15 @@ class Engine:
         if isinstance(proposal, ChainProposal):
             block = torch.cat([state.pending[:, None], proposal.tokens], 1)
             logits = runner.forward(cache, block, cache.host_lens)
-            if proposal.tokens.shape[1] == 0:
-                tokens = step.sample(logits[:, 0], state.params, state.offsets)[:, None]
-                num_accepted = torch.zeros_like(tokens[:, 0])
-            else:
-                tokens, num_accepted = step.verify_chain(
-                    proposal.tokens,
-                    proposal.num_draft,
-                    logits,
-                    proposal.probs,
-                    state.params,
-                    state.offsets,
-                )
+            # K = 0 (plain decoding) goes through the same op: one random stream per method.
+            tokens, num_accepted = step.verify_chain(
+                proposal.tokens,
+                proposal.num_draft,
+                logits,
+                proposal.probs,
+                state.params,
+                state.offsets,
+            )
             rows = torch.arange(block.shape[1], device=block.device).expand_as(block)
             used = proposal.num_draft + 1
         elif isinstance(proposal, TreeProposal):
@@ -285,6 +283,4 @@ class Engine:
 
 def _draft_params(params: step.SamplingParams) -> step.SamplingParams:
     """The target's sampling parameters with seeds for an independent random stream."""
-    fields = {f: getattr(params, f) for f in params.__dataclass_fields__}
-    fields["seed"] = params.seed ^ _DRAFT_SEED_SALT
-    return type(params)(**fields)
+    return dataclasses.replace(params, seed=params.seed ^ _DRAFT_SEED_SALT)

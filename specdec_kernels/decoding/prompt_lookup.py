@@ -7,7 +7,7 @@ runs, and the cost per step is a few microseconds."""
 from __future__ import annotations
 
 from specdec_kernels.decoding import step
-from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import DecodeState, Drafter, TreeProposal
 
 __all__ = ["NgramIndex", "PromptLookupDrafter"]
 
@@ -128,7 +128,10 @@ class PromptLookupDrafter(Drafter):
             sequences.append(seq)
             nodes += added
         depth = max((len(s) for s in sequences), default=0)
-        return step.tree_from_sequences(sequences, root), depth
+        tree = step.tree_from_sequences(
+            sequences, root, max_nodes=self.max_nodes + 1, max_depth=max(depth, 1)
+        )
+        return tree, depth
 
     def propose(self, state: DecodeState):
         trees, depths = [], []
@@ -137,9 +140,6 @@ class PromptLookupDrafter(Drafter):
             tree, depth = self._tree(index, ctx[-1], min(self.max_depth, state.remaining[b] - 1))
             trees.append(tree)
             depths.append(depth)
-        if max(depths) == 0:
-            empty = state.pending.new_zeros((state.batch, 0))
-            return ChainProposal(empty, state.pending.new_zeros(state.batch), depths)
         tokens, parents = step.stack_trees(trees)
         device = state.pending.device
         return TreeProposal(

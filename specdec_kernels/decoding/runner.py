@@ -48,42 +48,17 @@ class ModelRunner:
         config = _text_config(model.config)
         self.config = config
         self.num_layers = int(config.num_hidden_layers)
-        layer_types = getattr(config, "layer_types", None)
-        window = getattr(config, "sliding_window", None)
-        self.layer_types = list(layer_types) if layer_types else None
-        # Models with sliding-window layers take one mask per layer type (a dict).
-        self.sliding_window = (
-            int(window)
-            if window and self.layer_types and "sliding_attention" in self.layer_types
-            else None
-        )
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
+        # Models set to the registered tree-attention kernel get tree metadata, not masks.
+        self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == step.ATTENTION_NAME
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty cache for ``batch`` requests of up to ``capacity`` rows each."""
         return KVCache(self.num_layers, batch, capacity, self.device)
-
-    # ------------------------------------------------------------------ masks
-
-    def _masks(self, ancestors, positions, prefix_lens, kv_len):
-        mask = step.hf_attention_mask(ancestors, prefix_lens, kv_len, self.dtype)
-        if self.sliding_window is None:
-            return mask
-        # Sliding layers also hide rows `window` or more positions behind the query. A prefix
-        # row's position is its index; block row starts[b] + j holds node j's position.
-        batch, width = positions.shape
-        kv_pos = torch.arange(kv_len, device=mask.device).expand(batch, kv_len).clone()
-        block_cols = prefix_lens[:, None] + torch.arange(width, device=mask.device)
-        kv_pos.scatter_(1, block_cols, positions)
-        too_old = kv_pos[:, None, :] <= positions[:, :, None] - self.sliding_window
-        sliding = mask.masked_fill(too_old[:, None], torch.finfo(self.dtype).min)
-        masks = {kind: mask for kind in set(self.layer_types)}
-        masks["sliding_attention"] = sliding
-        return masks
 
     # ------------------------------------------------------------------ forwards
 
@@ -124,18 +99,12 @@ class ModelRunner:
         batch, width = tokens.shape
         prefix_lens = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
         if parents is None:
-            ancestors, positions = step.chain_block_layout(prefix_lens, width)
-        else:
-            ancestors, positions = step.tree_block_layout(parents, prefix_lens)
+            parents = step.chain_parents(batch, width, self.device)
         cache.plan_write(starts, width)
-        mask = self._masks(ancestors, positions, prefix_lens, cache.kv_len)
-        kwargs = dict(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
+        kwargs = step.block_forward_kwargs(
+            self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel
         )
+        kwargs.update(input_ids=tokens, past_key_values=cache, use_cache=True)
         if exit_layer is not None:
             return self._early_exit_forward(kwargs, exit_layer, last_logits_only)
         if last_logits_only and self._has_logits_to_keep:

@@ -1,279 +1,149 @@
-"""The engine's only doorway to the verification and tree ops.
+"""The engine's doorway to the op families: sampling and verification
+(:mod:`specdec_kernels.ops`, :mod:`specdec_kernels.sampling`), tree building and tree masks
+(:mod:`specdec_kernels.tree`, :mod:`specdec_kernels.models.hf_tree_attention`).
 
-Everything the decoding step needs from the op families goes through the functions here:
-sampling (plain and with the processed distribution, for drafts), chain and tree
-verification, tree masks and positions, and the 4D attention mask Hugging Face models take.
-
-TEMPORARY: until the ``verify`` and ``tree`` branches land, the bodies below are stand-ins in
-plain torch with the interfaces of INTERFACES.md; they are replaced by calls to the real ops.
+Every block the engine runs (prefill, drafting, chain or tree verification) is a tree to the
+model: a chain is the tree whose node ``j`` has parent ``j - 1``. Its positions and masks come
+from :func:`specdec_kernels.ops.build_tree_masks` through the HF helpers of
+:mod:`~specdec_kernels.models.hf_tree_attention`; the only thing added here is the placement
+of the block in the engine's cache, where request ``b``'s block starts at its own row
+``starts[b]`` rather than after a common padded prefix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import torch
 from torch import Tensor
 
+from specdec_kernels import ops
+from specdec_kernels.models.hf_tree_attention import (
+    ATTENTION_NAME,
+    tree_kernel_forward_kwargs,
+    tree_mask_forward_kwargs,
+)
+from specdec_kernels.sampling import SamplingParams
+from specdec_kernels.tree import prefix_valid_from_lens, stack_trees, tree_from_sequences
+
 __all__ = [
+    "ATTENTION_NAME",
     "SamplingParams",
-    "chain_block_layout",
-    "hf_attention_mask",
+    "all_greedy",
+    "block_forward_kwargs",
+    "chain_parents",
     "sample",
     "sample_with_probs",
     "select_params",
-    "tree_block_layout",
+    "stack_trees",
+    "tree_from_sequences",
     "verify_chain",
     "verify_tree",
 ]
 
-
-@dataclass
-class SamplingParams:  # stand-in for specdec_kernels.sampling.SamplingParams
-    temperature: Tensor
-    top_k: Tensor
-    top_p: Tensor
-    min_p: Tensor
-    seed: Tensor
-
-    @staticmethod
-    def create(batch, *, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, device="cpu"):
-        def col(value, dtype):
-            t = torch.as_tensor(value, dtype=dtype)
-            return (t.expand(batch) if t.dim() == 0 else t).clone().to(device)
-
-        return SamplingParams(
-            col(temperature, torch.float32),
-            col(top_k, torch.int64),
-            col(top_p, torch.float32),
-            col(min_p, torch.float32),
-            col(seed, torch.int64),
-        )
+sample = ops.sample
+sample_with_probs = ops.sample_with_probs
+verify_chain = ops.verify_chain
+verify_tree = ops.verify_tree
 
 
 def select_params(params: SamplingParams, index: Tensor) -> SamplingParams:
     """The parameters of the requests at ``index`` (a ``[B']`` int64 tensor)."""
-    return type(params)(
-        **{f.name: getattr(params, f.name).index_select(0, index) for f in fields(params)}
-    )
+    return params.select(index)
 
 
 def all_greedy(params: SamplingParams) -> bool:
-    """Whether every request decodes greedily (reads the temperatures: call once per run)."""
+    """Whether every request decodes greedily (reads the device: call once per run)."""
     return bool((params.temperature <= 0).all())
 
 
-# ----------------------------------------------------------------------------- stand-ins
+_CHAIN_CACHE: dict = {}
 
 
-def _processed_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    logits = logits.float()
-    greedy = params.temperature <= 0
-    temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
-    x = logits / temp[:, None]
-    vocab = x.shape[-1]
-    k = params.top_k
-    k_on = (k > 0) & (k < vocab)
-    if bool(k_on.any()):
-        kth = x.sort(-1, descending=True).values.gather(-1, (k.clamp(1, vocab) - 1)[:, None])
-        x = torch.where(k_on[:, None] & (x < kth), torch.full_like(x, -float("inf")), x)
-    probs = torch.softmax(x, -1)
-    p_on = params.top_p < 1
-    if bool(p_on.any()):
-        sp, si = probs.sort(-1, descending=True)
-        before = sp.cumsum(-1) - sp
-        drop = before >= params.top_p[:, None]
-        sp = sp.masked_fill(drop & p_on[:, None], 0)
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-        probs = probs / probs.sum(-1, keepdim=True)
-    onehot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    return torch.where(greedy[:, None], onehot, probs)
+def chain_parents(batch: int, width: int, device) -> Tensor:
+    """``[B, T]`` parents of a chain block: ``-1, 0, 1, ..., T - 2`` for every request."""
+    key = (batch, width, str(device))
+    parents = _CHAIN_CACHE.get(key)
+    if parents is None:
+        row = torch.arange(-1, width - 1, dtype=torch.int64)
+        parents = row.expand(batch, width).contiguous().to(device)
+        if len(_CHAIN_CACHE) > 64:
+            _CHAIN_CACHE.clear()
+        _CHAIN_CACHE[key] = parents
+    return parents
 
 
-def _uniform(seed: Tensor, offset: Tensor, column: int) -> Tensor:
-    out = []
-    for s, o in zip(seed.tolist(), offset.tolist()):
-        g = torch.Generator().manual_seed((s * 1000003 + o * 131 + column) % (2**62))
-        out.append(torch.rand((), generator=g))
-    return torch.stack(out).to(seed.device)
+def _place_rows(mask: Tensor, starts: list, width: int) -> Tensor:
+    """Move the block's columns of a ``[B, 1, T, P + T]`` mask (prefix ``P = max(starts)``,
+    then the block) to each request's own rows ``starts[b] .. starts[b] + T - 1``; columns
+    between a request's block and ``P + T`` are hidden (another request's rows)."""
+    batch = mask.shape[0]
+    prefix = max(starts)
+    kv_len = prefix + width
+    cols = torch.arange(kv_len, device=mask.device)[None, :]
+    begin = torch.tensor(starts, dtype=torch.int64).to(mask.device, non_blocking=True)[:, None]
+    source = torch.where(cols < begin, cols, prefix + cols - begin)
+    source = torch.where(cols < begin + width, source, torch.full_like(source, kv_len))
+    padded = torch.cat([mask, torch.zeros_like(mask[..., :1])], -1)  # column kv_len: hidden
+    index = source[:, None, None, :].expand(batch, 1, mask.shape[2], kv_len)
+    return padded.gather(-1, index)
 
 
-def _draw(probs: Tensor, u: Tensor) -> Tensor:
-    cdf = probs.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None].contiguous()).squeeze(-1)
-    return idx.clamp_max(probs.shape[-1] - 1)
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """HF's additive form of a boolean mask (what eager attention adds; sdpa accepts it)."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(~mask, torch.finfo(dtype).min)
 
 
-def sample(logits: Tensor, params: SamplingParams, offset: Tensor) -> Tensor:
-    """One token per row ``[N]`` from ``logits [N, V]`` (see INTERFACES.md ``ops.sample``)."""
-    return sample_with_probs(logits, params, offset)[0]
+def block_forward_kwargs(
+    config, parents: Tensor, prefix_lens: Tensor, starts: list, dtype: torch.dtype, kernel: bool
+) -> dict:
+    """``position_ids`` and attention inputs of a block placed after each request's prefix.
 
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The model's text config (layer types, sliding window).
+    parents : Tensor
+        ``[B, T]`` int64 block tree (node 0 the root, ``-2`` padding).
+    prefix_lens : Tensor
+        ``[B]`` int64 committed rows before each block (``starts`` on the device).
+    starts : list of int
+        The same on the host.
+    dtype : torch.dtype
+        The model's dtype (for the additive masks).
+    kernel : bool
+        The model attends with the registered tree-attention kernel: pass tree metadata
+        instead of dense masks.
 
-def sample_with_probs(logits: Tensor, params: SamplingParams, offset: Tensor):
-    """Tokens ``[N]`` and the processed distributions ``[N, V]`` they were drawn from."""
-    probs = _processed_probs(logits, params)
-    tokens = _draw(probs, _uniform(params.seed, offset, 0))
-    return tokens, probs
+    Returns
+    -------
+    dict
+        Forward kwargs: ``position_ids`` ``[B, T]`` and either ``attention_mask`` (a
+        ``[B, 1, T, max(starts) + T]`` additive mask, or a dict of them per layer type) or the
+        kernel's metadata.
+    """
+    width = parents.shape[1]
+    if kernel:
+        kwargs = tree_kernel_forward_kwargs(parents, prefix_lens, cache_lens=prefix_lens)
+        # A 4D mask (ignored by the kernel) keeps HF from building masks of its own.
+        kv_len = max(starts) + width
+        kwargs["attention_mask"] = torch.ones(
+            1, 1, 1, 1, dtype=torch.bool, device=parents.device
+        ).expand(parents.shape[0], 1, width, kv_len)
+        return kwargs
+    prefix_valid = prefix_valid_from_lens(prefix_lens, max(starts))
+    kwargs = tree_mask_forward_kwargs(config, parents, prefix_valid)
+    masks = kwargs["attention_mask"]
+    ragged = min(starts) != max(starts)
 
+    def convert(mask):
+        return _additive(_place_rows(mask, starts, width) if ragged else mask, dtype)
 
-def verify_chain(draft_tokens, num_draft, target_logits, draft_probs, params, offset):
-    """Chain verification (see INTERFACES.md ``ops.verify_chain``)."""
-    batch, k = draft_tokens.shape
-    out = torch.full((batch, k + 1), -1, dtype=torch.int64, device=draft_tokens.device)
-    num_acc = torch.zeros(batch, dtype=torch.int64, device=draft_tokens.device)
-    for b in range(batch):
-        p_all = _processed_probs(target_logits[b], select_params(params, torch.full((k + 1,), b)))
-        greedy = bool(params.temperature[b] <= 0)
-        n = 0
-        for i in range(int(num_draft[b])):
-            x = int(draft_tokens[b, i])
-            p = p_all[i]
-            if greedy:
-                ok = int(p.argmax()) == x
-            else:
-                q = draft_probs[b, i] if draft_probs is not None else None
-                qx = float(q[x]) if q is not None else 1.0
-                u = float(_uniform(params.seed[b : b + 1], offset[b : b + 1] + i, 1))
-                ok = qx > 0 and u < min(1.0, float(p[x]) / qx)
-            if not ok:
-                if greedy:
-                    nxt = int(p.argmax())
-                else:
-                    if q is None:
-                        q = torch.zeros_like(p)
-                        q[x] = 1
-                    r = (p - q).clamp_min(0)
-                    r = p if float(r.sum()) <= 0 else r
-                    u2 = _uniform(params.seed[b : b + 1], offset[b : b + 1] + i, 2)
-                    nxt = int(_draw(r[None], u2)[0])
-                out[b, n] = nxt
-                break
-            out[b, n] = x
-            n += 1
-        else:
-            p = p_all[n]
-            u2 = _uniform(params.seed[b : b + 1], offset[b : b + 1] + n, 2)
-            out[b, n] = int(p.argmax()) if greedy else int(_draw(p[None], u2)[0])
-        num_acc[b] = n
-    return out, num_acc
-
-
-def verify_tree(tree_tokens, parents, target_logits, draft_probs, params, offset):
-    """Tree verification (see INTERFACES.md ``ops.verify_tree``); greedy and deterministic
-    drafts only in this stand-in."""
-    batch, width = tree_tokens.shape
-    nodes_out = torch.full((batch, width), -1, dtype=torch.int64, device=tree_tokens.device)
-    out = torch.full((batch, width), -1, dtype=torch.int64, device=tree_tokens.device)
-    num_acc = torch.zeros(batch, dtype=torch.int64, device=tree_tokens.device)
-    for b in range(batch):
-        par = parents[b].tolist()
-        tok = tree_tokens[b].tolist()
-        p_all = _processed_probs(target_logits[b], select_params(params, torch.full((width,), b)))
-        greedy = bool(params.temperature[b] <= 0)
-        node, n, depth = 0, 0, 0
-        while True:
-            children = [j for j in range(width) if par[j] == node]
-            p = p_all[node].clone()
-            chosen = None
-            for c in children:
-                x = tok[c]
-                if greedy:
-                    ok = int(p.argmax()) == x
-                else:
-                    u = float(_uniform(params.seed[b : b + 1], offset[b : b + 1] + depth, 1 + c))
-                    ok = u < float(p[x]) / max(float(p.sum()), 1e-30)
-                    if not ok:
-                        p[x] = 0
-                if ok:
-                    chosen = c
-                    break
-            if chosen is None:
-                if greedy:
-                    nxt = int(p.argmax())
-                else:
-                    p = p_all[node] if float(p.sum()) <= 0 else p
-                    u2 = _uniform(params.seed[b : b + 1], offset[b : b + 1] + depth, 0)
-                    nxt = int(_draw(p[None], u2)[0])
-                out[b, n] = nxt
-                break
-            nodes_out[b, n] = chosen
-            out[b, n] = tok[chosen]
-            n += 1
-            depth += 1
-            node = chosen
-        num_acc[b] = n
-    return nodes_out, out, num_acc
-
-
-def tree_block_layout(parents: Tensor, prefix_lens: Tensor) -> tuple[Tensor, Tensor]:
-    """Ancestor-or-self mask ``[B, T, T]`` (bool) and position ids ``[B, T]`` of a tree block
-    whose node 0 sits right after each request's prefix. ``-2`` parents pad ragged trees."""
-    batch, width = parents.shape
-    anc = torch.zeros(batch, width, width, dtype=torch.bool, device=parents.device)
-    depth = torch.zeros(batch, width, dtype=torch.int64, device=parents.device)
-    par = parents.tolist()
-    for b in range(batch):
-        for j in range(width):
-            anc[b, j, j] = True
-            p = par[b][j]
-            if p >= 0:
-                anc[b, j] |= anc[b, p]
-                depth[b, j] = depth[b, p] + 1
-    return anc, prefix_lens[:, None] + depth
-
-
-def chain_block_layout(prefix_lens: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """The same for a chain of ``width`` tokens: a causal mask and consecutive positions."""
-    causal = torch.ones(width, width, dtype=torch.bool, device=prefix_lens.device).tril()
-    steps = torch.arange(width, device=prefix_lens.device)
-    return causal.expand(prefix_lens.shape[0], width, width), prefix_lens[:, None] + steps
-
-
-def hf_attention_mask(
-    ancestors: Tensor, prefix_lens: Tensor, kv_len: int, dtype: torch.dtype
-) -> Tensor:
-    """Additive 4D mask ``[B, 1, T, kv_len]`` over each request's ``[prefix + block]``: every
-    prefix row is visible, block rows (at ``prefix_lens[b] + j``) by ``ancestors[b, i, j]``."""
-    batch, width, _ = ancestors.shape
-    kv = torch.arange(kv_len, device=ancestors.device)
-    rel = kv[None, :] - prefix_lens[:, None]  # [B, KV]
-    in_block = (rel >= 0) & (rel < width)
-    cols = rel.clamp(0, width - 1)[:, None, :].expand(batch, width, kv_len)
-    visible = ancestors.gather(2, cols) & in_block[:, None, :]
-    visible |= (rel < 0)[:, None, :]
-    mask = torch.zeros(batch, 1, width, kv_len, dtype=dtype, device=ancestors.device)
-    return mask.masked_fill_(~visible[:, None], torch.finfo(dtype).min)
-
-
-@dataclass
-class _Tree:  # stand-in for specdec_kernels.tree.Tree
-    parents: list
-    tokens: list
-
-
-def tree_from_sequences(sequences, root_token: int) -> _Tree:
-    """Merge token sequences by common prefix into one tree rooted at ``root_token``."""
-    parents, tokens, children = [-1], [root_token], [{}]
-    for seq in sequences:
-        node = 0
-        for tok in seq:
-            nxt = children[node].get(tok)
-            if nxt is None:
-                nxt = len(tokens)
-                parents.append(node)
-                tokens.append(int(tok))
-                children.append({})
-                children[node][tok] = nxt
-            node = nxt
-    return _Tree(parents, tokens)
-
-
-def stack_trees(trees) -> tuple[Tensor, Tensor]:
-    """``(tokens [B, T], parents [B, T])`` of ragged trees, ``-2`` parents / 0 tokens padding."""
-    width = max(len(t.parents) for t in trees)
-    tokens = torch.zeros(len(trees), width, dtype=torch.int64)
-    parents = torch.full((len(trees), width), -2, dtype=torch.int64)
-    for b, t in enumerate(trees):
-        tokens[b, : len(t.tokens)] = torch.tensor(t.tokens)
-        parents[b, : len(t.parents)] = torch.tensor(t.parents)
-    return tokens, parents
+    if isinstance(masks, dict):  # one mask per layer type; kinds may share one tensor
+        done = {}
+        for kind, mask in masks.items():
+            if id(mask) not in done:
+                done[id(mask)] = convert(mask)
+            masks[kind] = done[id(mask)]
+    else:
+        kwargs["attention_mask"] = convert(masks)
+    return kwargs
