@@ -45,7 +45,8 @@ def make(name, model):
     if name == "self-speculative":
         return SelfSpeculativeDrafter(num_layers=1, num_draft=3)
     if name == "draft-model-random":
-        return DraftModelDrafter(tiny_model("llama", vocab=16, seed=5).to(model.device), num_draft=3)
+        other = tiny_model("llama", vocab=16, seed=5).to(model.device)
+        return DraftModelDrafter(other, num_draft=3)
     if name == "draft-model-adaptive":
         return DraftModelDrafter(truncated_copy(model, 1), num_draft=2, adaptive=True)
     raise ValueError(name)

@@ -39,7 +39,9 @@ def expected(loaded, prompts):
 
 @pytest.fixture(scope="module")
 def draft_model(loaded):
-    return truncated_copy(loaded.model, 6)
+    # Early-exit drafts of this model only agree with it often near full depth (measured:
+    # 6 layers accept 6% of first drafts, 28 layers 54%), so the test drafts with 28 layers.
+    return truncated_copy(loaded.model, 28)
 
 
 def make_drafter(name, draft_model):
@@ -48,9 +50,9 @@ def make_drafter(name, draft_model):
     if name == "prompt-lookup":
         return PromptLookupDrafter()
     if name == "self-speculative":
-        return SelfSpeculativeDrafter(num_layers=8, num_draft=2, adaptive=True, max_draft=4)
+        return SelfSpeculativeDrafter(num_layers=28, num_draft=1)
     if name == "draft-model":
-        return DraftModelDrafter(draft_model, num_draft=3, adaptive=True, max_draft=6)
+        return DraftModelDrafter(draft_model, num_draft=2, adaptive=True, max_draft=4)
     raise ValueError(name)
 
 
@@ -82,7 +84,8 @@ def test_batch_4_matches_hf_generate(loaded, prompts, expected, draft_model, nam
     groups = [order[i :: len(order) // BATCH] for i in range(len(order) // BATCH)]
     for group in groups:
         assert len({len(prompts[i]) for i in group}) > 1
-        out = generate(loaded, [prompts[i] for i in group], drafter=drafter, max_new_tokens=NEW_TOKENS)
+        batch = [prompts[i] for i in group]
+        out = generate(loaded, batch, drafter=drafter, max_new_tokens=NEW_TOKENS)
         for i, tokens in zip(group, out.tokens):
             assert tokens == expected[i], f"{name}: prompt {i} differs in a batch of {BATCH}"
         assert out.stats.batch_size == BATCH

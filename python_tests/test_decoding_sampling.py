@@ -65,7 +65,9 @@ def chi_square_pvalue(counts, probs):
 
 
 def counts_of(sequences):
-    index = torch.tensor([sum(t * VOCAB ** (NEW - 1 - i) for i, t in enumerate(s)) for s in sequences])
+    index = torch.tensor(
+        [sum(t * VOCAB ** (NEW - 1 - i) for i, t in enumerate(s)) for s in sequences]
+    )
     return torch.bincount(index, minlength=VOCAB**NEW).double()
 
 

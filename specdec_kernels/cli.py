@@ -25,7 +25,7 @@ def _add_generate(subparsers) -> None:
         description="Generate from a causal LM (the bundled SmolLM2-135M-Instruct by default) "
         "with a drafter, and print the text and the speed/acceptance statistics.",
     )
-    p.add_argument("prompt", nargs="*", help="prompts (user turns; the chat template is applied)")
+    p.add_argument("prompt", nargs="*", help="prompts (user turns, in the chat template)")
     p.add_argument("--prompts-file", help="a .txt file (one prompt a line) or .jsonl (first turn)")
     p.add_argument("--model", default="default", help="'default', an HF folder or a .gguf file")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
@@ -35,12 +35,14 @@ def _add_generate(subparsers) -> None:
         default="prompt-lookup",
         choices=["none", "prompt-lookup", "self-speculative", "draft-model"],
     )
-    p.add_argument("--draft-model", help="draft model (HF folder or .gguf) for --drafter draft-model")
+    p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")
     g = p.add_argument_group("chain drafters (self-speculative, draft-model)")
     g.add_argument("--num-draft", type=int, help="drafts per step K (the start value if adaptive)")
     g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
     g.add_argument("--max-draft", type=int, help="upper bound of an adaptive K")
-    g.add_argument("--confidence-threshold", type=float, help="stop drafting below this probability")
+    g.add_argument(
+        "--confidence-threshold", type=float, help="stop drafting below this probability"
+    )
     g.add_argument("--layers", type=int, help="self-speculative: layers used by the draft")
     g = p.add_argument_group("prompt lookup")
     g.add_argument("--max-ngram", type=int)

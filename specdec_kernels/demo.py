@@ -30,9 +30,10 @@ def kv_op_demo() -> None:
     counts = torch.tensor([3, 2])
     print(f"  before: request 0 rows {cache[0, 0, 0, 0, :, 0].tolist()}, lens {lens.tolist()}")
     ops.compact_kv_cache_(cache, lens, accept, counts)
-    print(f"  keep rows {accept[0, :3].tolist()} of request 0 and {accept[1, :2].tolist()} of request 1")
+    kept = f"{accept[0, :3].tolist()} of request 0 and {accept[1, :2].tolist()} of request 1"
+    print(f"  keep rows {kept}")
     print(f"  after:  request 0 rows {cache[0, 0, 0, 0, :, 0].tolist()}, lens {lens.tolist()}")
-    print(f"          request 1 rows {cache[0, 0, 1, 0, :, 0].tolist()} (every layer, K and V alike)")
+    print(f"          request 1 rows {cache[0, 0, 1, 0, :, 0].tolist()} (all layers, K and V)")
 
 
 def generation_demo(max_new_tokens: int) -> None:

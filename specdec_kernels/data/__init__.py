@@ -14,7 +14,8 @@ from pathlib import Path
 __all__ = ["BUNDLED_PROMPTS", "load_prompts", "prompts_path"]
 
 BUNDLED_PROMPTS = Path(__file__).with_name("prompts_dev_subset.jsonl")
-_SHARED_PROMPTS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "prompts_dev.jsonl"
+_REPO_PARENT = Path(__file__).resolve().parents[3]
+_SHARED_PROMPTS = _REPO_PARENT / "shared" / "data" / "prompts_dev.jsonl"
 
 
 def prompts_path() -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -46,7 +46,9 @@ class GenerationOutput:
     stats: RunStats
 
 
-def make_drafter(name: str | None, *, draft_model=None, draft_tokenizer=None, **options) -> Drafter | None:
+def make_drafter(
+    name: str | None, *, draft_model=None, draft_tokenizer=None, **options
+) -> Drafter | None:
     """A drafter from its command-line name (see :data:`DRAFTER_NAMES`).
 
     Parameters
@@ -93,7 +95,9 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
             raise ValueError(f"input_ids must be [B, P] or [P], got shape {tuple(inputs.shape)}")
         inputs = list(inputs.unbind(0))
     if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
-        raise ValueError("inputs must be a prompt, a list of prompts or of token id lists, or a tensor")
+        raise ValueError(
+            "inputs must be a prompt, a list of prompts or of token id lists, or a tensor"
+        )
     if all(isinstance(x, str) for x in inputs):
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer (pass tokenizer=...)")
