@@ -1,19 +1,21 @@
 """Every drafter on tiny random-weight Llama, Qwen2 and Gemma3 models (Gemma3 with sliding
 window layers): greedy output equals Hugging Face ``generate`` token for token, with ragged
-batches; low-precision smoke tests."""
+batches, through sdpa with 4D masks or the tree-attention kernel, with or without the
+small-batch CPU linear mode; low-precision smoke tests."""
 
 import pytest
 import torch
 
 from python_tests.conftest import DEVICES
 from python_tests.decoding_helpers import hf_greedy, tiny_model, truncated_copy
-from specdec_kernels.models.hf_tree_attention import register_tree_attention
 from specdec_kernels.decoding import (
     DraftModelDrafter,
     PromptLookupDrafter,
     SelfSpeculativeDrafter,
     generate,
 )
+from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.models.hf_tree_attention import register_tree_attention
 
 FAMILIES = ["llama", "qwen2", "gemma3"]
 NEW_TOKENS = 20
@@ -100,3 +102,30 @@ def test_low_precision_runs(family, dtype):
         out = generate(model, prompts, drafter=drafter, max_new_tokens=8, temperature=0.7)
         assert [len(t) for t in out.tokens] == [8, 8, 8], name
         assert all(0 <= t < model.config.vocab_size for seq in out.tokens for t in seq)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 40])
+@pytest.mark.parametrize("bias", [False, True])
+def test_small_batch_linear_matches_f_linear(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(2, rows, 24, generator=gen)[:1]
+    weights = [torch.randn(16, 24, generator=gen), torch.randn(9000, 24, generator=gen)]
+    b = [torch.randn(w.shape[0], generator=gen) if bias else None for w in weights]
+    for w, bb in zip(weights, b):
+        want = torch.nn.functional.linear(x, w, bb)
+        with SmallBatchLinear():
+            got = torch.nn.functional.linear(x, w, bb)
+            half = torch.nn.functional.linear(x.half(), w.half())  # not float32: untouched
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.shape == want.shape and half.dtype == torch.float16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fast_cpu_linear_keeps_greedy_output(family):
+    model = tiny_model(family)
+    prompts = ragged_prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
+    expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    for name, drafter in drafters(family, model, "cpu").items():
+        out = generate(model, prompts, drafter=drafter, max_new_tokens=NEW_TOKENS,
+                       fast_cpu_linear=True)
+        assert out.tokens == expected, name

@@ -59,6 +59,9 @@ def _add_generate(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts as plain text")
+    p.add_argument(
+        "--fast-cpu-linear", action="store_true", help="small-batch CPU linears as W @ x^T"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     p.set_defaults(func=_run_generate)
 
@@ -123,6 +126,7 @@ def _run_generate(args) -> int:
         seed=args.seed,
         stop_strings=args.stop,
         chat_template=not args.no_chat_template,
+        fast_cpu_linear=args.fast_cpu_linear,
     )
     if args.json:
         json.dump(

@@ -152,6 +152,7 @@ def generate(
     chat_template: bool = True,
     draft_model=None,
     draft_tokenizer=None,
+    fast_cpu_linear: bool = False,
 ) -> GenerationOutput:
     """Generate from a causal LM with speculative decoding (or plainly, without a drafter).
 
@@ -188,6 +189,10 @@ def generate(
     draft_model, draft_tokenizer : optional
         The draft model (and its tokenizer, checked against the target's) for
         ``drafter="draft-model"``.
+    fast_cpu_linear : bool
+        On CPU, compute the models' small-batch float32 linears as ``W @ x^T`` (faster with
+        MKL here; rounding differs slightly from ``F.linear``), see
+        :mod:`~specdec_kernels.decoding.cpu_matmul`.
 
     Returns
     -------
@@ -215,7 +220,7 @@ def generate(
     elif draft_model is not None:
         raise ValueError('draft_model was given: pass drafter="draft-model" to use it')
 
-    engine = Engine(model, drafter, tokenizer)
+    engine = Engine(model, drafter, tokenizer, fast_cpu_linear=fast_cpu_linear)
     device = engine.runner.device
     prompts = _as_token_lists(inputs, tokenizer, chat_template, device)
     batch = len(prompts)

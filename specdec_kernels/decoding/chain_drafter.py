@@ -103,7 +103,7 @@ class AutoregressiveDrafter(Drafter):
             logits = torch.nn.functional.pad(logits, (0, extra), value=_NEVER)
         elif extra < 0:
             logits = logits[:, : self._vocab]
-        return logits
+        return logits.contiguous()
 
     def propose(self, state: DecodeState) -> ChainProposal:
         batch = state.batch

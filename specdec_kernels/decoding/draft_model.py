@@ -54,6 +54,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
 
     def bind(self, runner: ModelRunner, tokenizer) -> None:
         super().bind(runner, tokenizer)
+        self.runner.fast_cpu_linear = runner.fast_cpu_linear
         if self.runner.device != runner.device:
             raise ValueError(
                 f"the draft model is on {self.runner.device}, the target on {runner.device}; "

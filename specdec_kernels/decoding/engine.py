@@ -119,10 +119,14 @@ class Engine:
         Proposes drafts; plain autoregressive decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (for stop strings and drafter compatibility checks).
+    fast_cpu_linear : bool
+        See :class:`~specdec_kernels.decoding.runner.ModelRunner` (drafter models follow).
     """
 
-    def __init__(self, model, drafter: Drafter | None = None, tokenizer=None):
-        self.runner = ModelRunner(model)
+    def __init__(
+        self, model, drafter: Drafter | None = None, tokenizer=None, *, fast_cpu_linear=False
+    ):
+        self.runner = ModelRunner(model, fast_cpu_linear=fast_cpu_linear)
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
         self.drafter.bind(self.runner, tokenizer)
@@ -158,7 +162,7 @@ class Engine:
             method=self.drafter.name, drafter=self.drafter.describe(), batch_size=batch
         )
         capacity = max(len(p) for p in prompts) + max(stop.max_new_tokens)
-        capacity += self.drafter.max_block_width() + 1
+        capacity += self.drafter.max_block_width() + 4  # blocks may be padded to 4 rows
         cache = self.runner.new_cache(batch, capacity)
 
         # Prefill: everything but the last prompt token, which becomes the pending token.

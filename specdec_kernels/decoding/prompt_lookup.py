@@ -32,6 +32,15 @@ class NgramIndex:
             for n in range(self.min_n, min(self.max_n, i) + 1):
                 self.table[n].setdefault(tuple(self.tokens[i - n : i]), []).append(i)
 
+    def longest_match(self) -> int:
+        """Length of the longest indexed n-gram that ends the token list and occurred before
+        (0 when none did)."""
+        size = len(self.tokens)
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            if self.table[n].get(tuple(self.tokens[size - n :])):
+                return n
+        return 0
+
     def continuations(self, depth: int, max_branches: int, max_scan: int = 64) -> list:
         """Up to ``max_branches`` distinct continuations of the current suffix, best first.
 
@@ -65,16 +74,27 @@ class NgramIndex:
 class PromptLookupDrafter(Drafter):
     """Drafts trees of continuations of the longest matching suffix n-gram.
 
+    Verifying a block is not free on a CPU (measured here: 4 to 8 tokens cost about 1.6 times
+    one token), so drafts are proposed only on evidence: a suffix n-gram of at least
+    ``min_ngram`` tokens that occurred before. Long matches (``strong_ngram`` tokens or more,
+    typically inside a passage being copied) get deep drafts, shorter ones shallow drafts.
+
     Parameters
     ----------
     max_ngram, min_ngram : int
-        Suffix n-gram sizes tried, longest first.
-    max_depth : int
-        Longest continuation (tree depth).
+        Suffix n-gram sizes tried, longest first; no drafts below ``min_ngram``.
+    strong_ngram : int
+        Matches at least this long draft ``max_depth`` tokens, shorter ones ``short_depth``.
+    max_depth, short_depth : int
+        Longest continuation (tree depth) for strong and for short matches.
     max_branches : int
-        Continuations merged into one tree (1 gives a chain).
+        Continuations (earlier occurrences, most recent first) merged into one tree by common
+        prefix; 1 gives a chain.
     max_nodes : int
         Draft nodes per tree (root excluded); lower-priority continuations are trimmed to fit.
+
+    Defaults were chosen by measurement on the default model (see the engine's report):
+    exact greedy simulation over dev prompts with the measured cost of verifying ``T`` tokens.
     """
 
     name = "prompt-lookup"
@@ -82,18 +102,23 @@ class PromptLookupDrafter(Drafter):
     def __init__(
         self,
         *,
-        max_ngram: int = 3,
-        min_ngram: int = 1,
-        max_depth: int = 8,
-        max_branches: int = 4,
+        max_ngram: int = 4,
+        min_ngram: int = 2,
+        strong_ngram: int = 4,
+        max_depth: int = 16,
+        short_depth: int = 4,
+        max_branches: int = 2,
         max_nodes: int = 16,
     ):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        if max_depth < 1 or max_branches < 1 or max_nodes < 1:
-            raise ValueError("max_depth, max_branches and max_nodes must be >= 1")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.max_depth, self.max_branches, self.max_nodes = max_depth, max_branches, max_nodes
+        if min(max_depth, short_depth, max_branches, max_nodes, strong_ngram) < 1:
+            raise ValueError(
+                "max_depth, short_depth, strong_ngram, max_branches and max_nodes must be >= 1"
+            )
+        self.max_ngram, self.min_ngram, self.strong_ngram = max_ngram, min_ngram, strong_ngram
+        self.max_depth, self.short_depth = max_depth, min(short_depth, max_depth)
+        self.max_branches, self.max_nodes = max_branches, max_nodes
         self._indexes: list = []
 
     def describe(self) -> dict:
@@ -101,7 +126,9 @@ class PromptLookupDrafter(Drafter):
             "name": self.name,
             "max_ngram": self.max_ngram,
             "min_ngram": self.min_ngram,
+            "strong_ngram": self.strong_ngram,
             "max_depth": self.max_depth,
+            "short_depth": self.short_depth,
             "max_branches": self.max_branches,
             "max_nodes": self.max_nodes,
         }
@@ -115,8 +142,11 @@ class PromptLookupDrafter(Drafter):
     def select_requests(self, keep: list) -> None:
         self._indexes = [self._indexes[b] for b in keep]
 
-    def _tree(self, index: NgramIndex, root: int, depth: int):
+    def _tree(self, index: NgramIndex, root: int, remaining: int):
         sequences, nodes = [], 0
+        match = index.longest_match()
+        depth = self.max_depth if match >= self.strong_ngram else self.short_depth
+        depth = min(depth, remaining - 1) if match else 0
         for seq in index.continuations(depth, self.max_branches):
             budget = self.max_nodes - nodes
             if budget <= 0:
@@ -137,7 +167,7 @@ class PromptLookupDrafter(Drafter):
         trees, depths = [], []
         for b, (index, ctx) in enumerate(zip(self._indexes, state.contexts)):
             index.extend(ctx)
-            tree, depth = self._tree(index, ctx[-1], min(self.max_depth, state.remaining[b] - 1))
+            tree, depth = self._tree(index, ctx[-1], state.remaining[b])
             trees.append(tree)
             depths.append(depth)
         tokens, parents = step.stack_trees(trees)
