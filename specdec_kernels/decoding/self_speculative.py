@@ -1,7 +1,11 @@
 """Self-speculative decoding by layer skip: the target's own first ``L`` decoder layers, then
 its final norm and LM head, draft ``K`` tokens. No extra weights and no extra cache: the
 draft's K/V for layers ``< L`` are exactly what the target computes there, so drafts write
-into the target's own cache rows past the prefix, which verification then overwrites."""
+into the target's own cache rows past the prefix, which verification then overwrites.
+
+The draft's logits are the final norm and LM head applied to the hidden state entering layer
+``L`` (model-specific logit post-processing, such as Gemma's soft-capping, is skipped: it
+only shapes the proposal, never the output)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,14 @@ from torch import Tensor
 from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
 from specdec_kernels.decoding.drafter import DecodeState
 
-__all__ = ["DEFAULT_EXIT_LAYER_FRACTION", "SelfSpeculativeDrafter"]
+__all__ = ["DEFAULT_LAYERS_SKIPPED", "SelfSpeculativeDrafter"]
 
-#: Default exit layer as a fraction of the depth when ``num_layers`` is not given.
-DEFAULT_EXIT_LAYER_FRACTION = 0.5
+#: Without ``num_layers``, the draft skips this many of the target's last layers. Measured on
+#: the default model (SmolLM2-135M, 30 layers, not trained for early exit): first-draft
+#: acceptance is 7% with 6 layers, 13% with 18, 30% with 22, 41% with 26 and 54% with 28,
+#: while the draft costs about (L/30 of the layers + the LM head); the best trade-off was 28
+#: layers with one draft per step.
+DEFAULT_LAYERS_SKIPPED = 2
 
 
 class SelfSpeculativeDrafter(AutoregressiveDrafter):
@@ -22,15 +30,15 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
     Parameters
     ----------
     num_layers : int, optional
-        Layers used by the draft, in ``[1, num_hidden_layers - 1]``; by default
-        ``DEFAULT_EXIT_LAYER_FRACTION`` of the target's depth.
+        Layers used by the draft, in ``[1, num_hidden_layers - 1]``; by default all but the
+        last ``DEFAULT_LAYERS_SKIPPED``.
     num_draft, adaptive, min_draft, max_draft, confidence_threshold
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
 
     name = "self-speculative"
 
-    def __init__(self, num_layers: int | None = None, *, num_draft: int = 4, **kwargs):
+    def __init__(self, num_layers: int | None = None, *, num_draft: int = 1, **kwargs):
         super().__init__(num_draft, **kwargs)
         if num_layers is not None and num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
@@ -43,7 +51,7 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
         total = runner.num_layers
         exit_layer = self.num_layers
         if exit_layer is None:
-            exit_layer = max(1, round(total * DEFAULT_EXIT_LAYER_FRACTION))
+            exit_layer = max(1, total - DEFAULT_LAYERS_SKIPPED)
         if not 1 <= exit_layer < total:
             raise ValueError(
                 f"num_layers must be in [1, {total - 1}] for a target of {total} layers, "
