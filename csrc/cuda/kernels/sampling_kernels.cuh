@@ -33,6 +33,7 @@
 
 namespace specdec {
 
+constexpr int kMaxTeamThreads = 512;  // threads per block (one row team)
 constexpr int kMaxWarps = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -193,11 +194,23 @@ struct BlockRow {
 
   __device__ int64_t num_chunks() const { return vocab / VEC; }
 
-  // body(x0, vals): every chunk of VEC elements once, in no particular order.
+  // body(x0, vals): every chunk of VEC elements once; each thread sees its chunks in increasing
+  // order (the argmax tie-break relies on it). kUnroll loads are issued before any is used, to
+  // keep enough bytes in flight per SM.
   template <typename Body>
   __device__ void for_each_chunk(const Body& body) const {
+    constexpr int kUnroll = 4;
     const int64_t chunks = num_chunks();
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const int64_t stride = blockDim.x;
+    int64_t c = threadIdx.x;
+    for (; c + (kUnroll - 1) * stride < chunks; c += kUnroll * stride) {
+      float vals[kUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_floats<T, VEC>(logits + (c + u * stride) * VEC, vals[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) body((c + u * stride) * VEC, vals[u]);
+    }
+    for (; c < chunks; c += stride) {
       float vals[VEC];
       load_floats<T, VEC>(logits + c * VEC, vals);
       body(c * VEC, vals);
@@ -428,7 +441,7 @@ struct ParamsView {
 // grid.x = rows; writes tokens[n] (-1 on error), probs[n, :] when probs != nullptr (zeros on
 // error) and errors[n] (kNoError or the row's error code).
 template <typename T, int VEC>
-__global__ void sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa,
+__global__ void __launch_bounds__(kMaxTeamThreads) sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa,
                               ParamsView params, int64_t* __restrict__ tokens,
                               float* __restrict__ probs, unsigned long long* __restrict__ errors) {
   __shared__ RowShared sh;
@@ -475,6 +488,7 @@ struct VerifyArgs {
   // workspace, [B, R] each (errors and counters [B], initialised to all ones and zeros)
   int64_t* accepted_child;
   int64_t* next_token;
+  int64_t* siblings;
   float* normalisers;
   uint8_t* passed;
   int32_t* depth;
@@ -553,7 +567,12 @@ template <typename T, int VEC, bool kTree>
 __device__ uint64_t decide_node(const VerifyArgs& a, int64_t b, int64_t j, const RowParams& p,
                                 RowShared& sh) {
   using Layout = typename LayoutOf<kTree>::type;
-  const Layout layout = LayoutOf<kTree>::make(a, b);
+  Layout layout = LayoutOf<kTree>::make(a, b);
+  if constexpr (kTree) {  // node j's children are walked once per token: cache their order
+    if (threadIdx.x == 0) cache_siblings(layout, j, a.siblings + b * a.rows);
+    __syncthreads();
+    layout.siblings = a.siblings + b * a.rows;
+  }
   const T* logits = static_cast<const T*>(a.logits) + (b * a.rows + j) * a.vocab;
   BlockRow<T, VEC> row(logits, a.vocab, a.mantissa_bits, sh);
   const bool longest_path = p.greedy() || a.typical;
@@ -628,7 +647,7 @@ __device__ void assemble_request(const VerifyArgs& a, int64_t b, const RowParams
 // grid.x = B * R blocks: block (b, j) decides node j of request b; the last block of each
 // request assembles its outputs.
 template <typename T, int VEC, bool kTree>
-__global__ void verify_kernel(VerifyArgs a) {
+__global__ void __launch_bounds__(kMaxTeamThreads) verify_kernel(VerifyArgs a) {
   __shared__ RowShared sh;
   __shared__ bool is_last;
   const int64_t b = blockIdx.x / a.rows;
