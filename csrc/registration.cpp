@@ -78,4 +78,21 @@ TORCH_LIBRARY(specdec, m) {
       "float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor, Tensor)");
 
   // ---------------------------------------------------------------- tree attention
+  // Masks and positions of a batch of trees. parents [B, T]: parents[b, 0] = -1 (the root),
+  // 0 <= parents[b, j] < j for the other nodes, -2 for padding nodes (all -2: no tree).
+  // Returns the ancestor-or-self mask [B, T, T] bool and bit-packed [B, T, ceil(T / 32)] int32
+  // (bit k % 32 of word k / 32), position_ids = prefix_lens + depth [B, T], depth [B, T] (-1 on
+  // padding), retrieve_paths [B, T, T] (row i: the root-to-leaf path of the i-th leaf in node
+  // order, -1 padded; rows >= num_leaves all -1) and num_leaves [B]. Index outputs are int64.
+  m.def(
+      "build_tree_masks(Tensor parents, Tensor prefix_lens) -> (Tensor mask, Tensor packed_mask, "
+      "Tensor position_ids, Tensor depth, Tensor retrieve_paths, Tensor num_leaves)");
+  // Attention of T tree tokens q [B, T, Hq, D] over caches [B, Hkv, S, D] holding each request's
+  // prefix (cache_lens[b] rows) followed by the tree's own K/V at cache_lens[b] + j: the prefix
+  // is visible to every token, tree node k to token j where bit k of tree_mask[b, j] is set
+  // (packed int32 [B, T, ceil(T / 32)]). Query head i reads KV head i / (Hq / Hkv). Returns
+  // [B, T, Hq, D] in q's dtype; a row that sees no key is zero.
+  m.def(
+      "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, "
+      "Tensor tree_mask, float scale) -> Tensor");
 }

@@ -14,6 +14,69 @@ from torch import Tensor
 
 from specdec_kernels.ops import CacheList, as_cache_list
 
+# ----------------------------------------------------------------------------- tree attention
+
+
+def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
+    """Reference of :func:`specdec_kernels.ops.build_tree_masks` (one node at a time)."""
+    from specdec_kernels.ops import TreeMasks
+    from specdec_kernels.tree import pack_tree_mask
+
+    batch, nodes = parents.shape
+    device = parents.device
+    mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool, device=device)
+    depth = torch.full((batch, nodes), -1, dtype=torch.int64, device=device)
+    paths = torch.full((batch, nodes, nodes), -1, dtype=torch.int64, device=device)
+    num_leaves = torch.zeros(batch, dtype=torch.int64, device=device)
+    for b in range(batch):
+        par = [int(p) for p in parents[b]]
+        for j, p in enumerate(par):
+            if p >= 0:
+                mask[b, j] = mask[b, p]
+                depth[b, j] = depth[b, p] + 1
+            elif p == -1:
+                depth[b, j] = 0
+            mask[b, j, j] = True
+        has_child = {p for p in par if p >= 0}
+        leaves = [j for j, p in enumerate(par) if p != -2 and j not in has_child]
+        for i, leaf in enumerate(leaves):
+            path = mask[b, leaf].nonzero().flatten()  # ancestors in index order = root to leaf
+            paths[b, i, : path.numel()] = path
+        num_leaves[b] = len(leaves)
+    position_ids = prefix_lens.to(torch.int64)[:, None] + depth.clamp(min=0)
+    return TreeMasks(mask, pack_tree_mask(mask), position_ids, depth, paths, num_leaves)
+
+
+def tree_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cache_lens: Tensor,
+    tree_mask: Tensor,
+    scale: float,
+) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.tree_attention`: SDPA with the dense mask over
+    ``[prefix + tree]``, one request at a time, in the inputs' dtype (upcast them for an
+    accurate reference)."""
+    from specdec_kernels.tree import unpack_tree_mask
+
+    batch, nodes, q_heads, _ = q.shape
+    group = q_heads // k_cache.shape[1]
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    for b in range(batch):
+        n = int(cache_lens[b])
+        keys = k_cache[b, :, : n + nodes].repeat_interleave(group, dim=0)  # [Hq, n + T, D]
+        values = v_cache[b, :, : n + nodes].repeat_interleave(group, dim=0)
+        tree = unpack_tree_mask(tree_mask[b], nodes)  # [T, T]
+        visible = torch.cat([tree.new_ones(nodes, n), tree], dim=1)  # [T, n + T]
+        rows = torch.nn.functional.scaled_dot_product_attention(
+            q[b].transpose(0, 1), keys, values, attn_mask=visible, scale=scale
+        )  # [Hq, T, D]
+        seen = visible.any(dim=1)[None, :, None]
+        out[b] = torch.where(seen, rows, torch.zeros_like(rows)).transpose(0, 1)
+    return out
+
+
 # ----------------------------------------------------------------------------- KV cache
 
 

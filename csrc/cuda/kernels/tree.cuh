@@ -1,0 +1,144 @@
+// Tree masks: per-node logic shared by the CPU (tree.cpp) and CUDA (cuda/tree.cu) kernels, and
+// the CUDA mask-builder kernel. No torch includes.
+//
+// A batch of trees is a parent array [B, T]: parents[b, 0] = -1 is the root, every other node's
+// parent is a smaller index, -2 marks an unused (padding) node of a ragged tree. A request whose
+// node 0 is -2 has no tree at all (every node padding).
+//
+// Masks are bit-packed rows: bit k % 32 of word k / 32 of row j says whether node k is an
+// ancestor of node j or j itself.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernels/common.cuh"
+
+namespace specdec {
+
+constexpr int64_t kPadParent = -2;
+constexpr int64_t kRootParent = -1;
+
+SPECDEC_HD int64_t tree_mask_words(int64_t num_nodes) { return ceil_div<int64_t>(num_nodes, 32); }
+
+SPECDEC_HD bool tree_mask_bit(const int32_t* row, int64_t k) {
+  return (static_cast<uint32_t>(row[k >> 5]) >> (k & 31)) & 1u;
+}
+
+SPECDEC_HD void set_tree_mask_bit(int32_t* row, int64_t k) {
+  row[k >> 5] = static_cast<int32_t>(static_cast<uint32_t>(row[k >> 5]) | (1u << (k & 31)));
+}
+
+// Writes node j's packed ancestor-or-self row (`words` words) and returns its depth, -1 for a
+// padding node (whose row holds only itself). The walk only follows parents with a smaller
+// index, so it ends even on malformed input that was not validated (graph capture).
+template <typename index_t>
+SPECDEC_HD int64_t tree_node_row(const index_t* parents, int64_t j, int32_t* row, int64_t words) {
+  for (int64_t w = 0; w < words; ++w) row[w] = 0;
+  set_tree_mask_bit(row, j);
+  if (static_cast<int64_t>(parents[j]) == kPadParent) return -1;
+  int64_t depth = 0;
+  for (int64_t node = j;;) {
+    const int64_t p = static_cast<int64_t>(parents[node]);
+    if (p < 0 || p >= node) break;
+    set_tree_mask_bit(row, p);
+    node = p;
+    ++depth;
+  }
+  return depth;
+}
+
+// Writes the root-to-node path of `node` (depth + 1 entries) to path[0 .. depth].
+template <typename index_t>
+SPECDEC_HD void write_tree_path(const index_t* parents, int64_t node, int64_t depth,
+                                int64_t* path) {
+  for (int64_t d = depth; d >= 0; --d) {
+    path[d] = node;
+    node = static_cast<int64_t>(parents[node]);
+    if (node < 0) break;
+  }
+}
+
+// Whether key position `key` (< cache_len + T) is visible to the query whose packed tree-mask row
+// is `row`: the prefix [0, cache_len) always, tree node key - cache_len by the mask.
+SPECDEC_HD bool tree_key_visible(const int32_t* row, int64_t key, int64_t cache_len) {
+  return key < cache_len || tree_mask_bit(row, key - cache_len);
+}
+
+#if defined(__CUDACC__)
+
+// Exclusive prefix sum of `flag` over the threads of a block (blockDim.x a multiple of 32, at
+// most 1024); returns it and writes the block total to *total. `scratch` holds 32 ints.
+__device__ __forceinline__ int block_exclusive_scan(int flag, int* scratch, int* total) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warps = blockDim.x >> 5;
+  int inclusive = flag;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += up;
+  }
+  if (lane == 31) scratch[warp] = inclusive;
+  __syncthreads();
+  int before = 0, sum = 0;
+  for (int w = 0; w < warps; ++w) {
+    if (w < warp) before += scratch[w];
+    sum += scratch[w];
+  }
+  __syncthreads();  // scratch may be reused by the caller's next scan
+  *total = sum;
+  return before + inclusive - flag;
+}
+
+// One block per request. has_child [B, T] is zeroed and retrieve_paths [B, T, T] filled with -1
+// by the launcher.
+template <typename index_t>
+__global__ void build_tree_masks_kernel(const index_t* __restrict__ parents,
+                                        const index_t* __restrict__ prefix_lens,
+                                        bool* __restrict__ mask, int32_t* __restrict__ packed,
+                                        int64_t* __restrict__ position_ids,
+                                        int64_t* __restrict__ depth,
+                                        int64_t* __restrict__ retrieve_paths,
+                                        int64_t* __restrict__ num_leaves,
+                                        int32_t* __restrict__ has_child, int64_t num_nodes) {
+  __shared__ int scan_scratch[32];
+  const int64_t b = blockIdx.x;
+  const int64_t words = tree_mask_words(num_nodes);
+  const index_t* par = parents + b * num_nodes;
+  int32_t* rows = packed + b * num_nodes * words;
+  int32_t* child = has_child + b * num_nodes;
+  const int64_t prefix = static_cast<int64_t>(prefix_lens[b]);
+
+  for (int64_t j = threadIdx.x; j < num_nodes; j += blockDim.x) {
+    const int64_t d = tree_node_row(par, j, rows + j * words, words);
+    depth[b * num_nodes + j] = d;
+    position_ids[b * num_nodes + j] = prefix + (d > 0 ? d : 0);
+    const int64_t p = static_cast<int64_t>(par[j]);
+    if (p >= 0 && p < j) child[p] = 1;  // benign race: every writer stores 1
+  }
+  __syncthreads();
+
+  bool* dense = mask + b * num_nodes * num_nodes;
+  for (int64_t i = threadIdx.x; i < num_nodes * num_nodes; i += blockDim.x) {
+    const int64_t j = i / num_nodes;
+    dense[i] = tree_mask_bit(rows + j * words, i - j * num_nodes);
+  }
+
+  // Leaves in node order: real nodes that no real node names as parent.
+  int64_t* paths = retrieve_paths + b * num_nodes * num_nodes;
+  int64_t leaves_before = 0;
+  for (int64_t base = 0; base < num_nodes; base += blockDim.x) {
+    const int64_t j = base + threadIdx.x;
+    const bool leaf = j < num_nodes && static_cast<int64_t>(par[j]) != kPadParent && !child[j];
+    int chunk_total = 0;
+    const int rank = block_exclusive_scan(leaf ? 1 : 0, scan_scratch, &chunk_total);
+    if (leaf) {
+      write_tree_path(par, j, depth[b * num_nodes + j], paths + (leaves_before + rank) * num_nodes);
+    }
+    leaves_before += chunk_total;
+  }
+  if (threadIdx.x == 0) num_leaves[b] = leaves_before;
+}
+
+#endif  // __CUDACC__
+
+}  // namespace specdec

@@ -1,0 +1,290 @@
+"""tree_attention vs the reference (SDPA with the dense [prefix + tree] mask), opcheck,
+torch.compile and bad input.
+
+Accuracy follows flash-attention's rule: the op's error against an fp64 reference must be at most
+twice that of the same computation done by PyTorch in the inputs' precision (SDPA with the dense
+mask, or HF's eager attention, whichever is less accurate), plus a tiny absolute slack for fp32
+where both errors are rounding-level.
+"""
+
+import pytest
+import torch
+
+from python_tests.conftest import DEVICES, FLOAT_DTYPES, INDEX_DTYPES
+from specdec_kernels import ops, reference
+from specdec_kernels.tree import pack_tree_mask, stack_trees, tree_from_parents, unpack_tree_mask
+
+SLACK = {torch.float32: 2e-6, torch.float16: 0.0, torch.bfloat16: 0.0}
+
+
+def random_parents(num_nodes, gen):
+    return [-1] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, num_nodes)]
+
+
+def make_case(gen, device, dtype, *, batch, tokens, q_heads, kv_heads, head_dim, cache_lens,
+              extra=3, ragged=True, index_dtype=torch.int64):
+    """Random q, caches (each request's tree K/V at cache_lens[b] + j) and a stacked random
+    tree mask; `extra` unused rows at the end of the cache hold garbage that must not be read."""
+    sizes = [tokens] + [int(torch.randint(1, tokens + 1, (1,), generator=gen)) for _ in range(batch - 1)]
+    trees = [tree_from_parents(random_parents(n if ragged else tokens, gen)) for n in sizes]
+    _, parents = stack_trees(trees, num_nodes=tokens)
+    lens = torch.tensor(cache_lens)
+    masks = reference.build_tree_masks(parents, lens)
+    capacity = max(cache_lens) + tokens + extra
+    q = torch.randn(batch, tokens, q_heads, head_dim, generator=gen)
+    k = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen)
+    v = torch.randn(batch, kv_heads, capacity, head_dim, generator=gen)
+    to = lambda t: t.to(dtype).to(device)  # noqa: E731
+    return (to(q), to(k), to(v), lens.to(index_dtype).to(device), masks.packed_mask.to(device))
+
+
+def eager_attention(q, k, v, cache_lens, packed, scale):
+    """HF's eager attention in the inputs' dtype: matmuls in that dtype, softmax in fp32."""
+    batch, nodes, q_heads, _ = q.shape
+    group = q_heads // k.shape[1]
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    for b in range(batch):
+        n = int(cache_lens[b])
+        keys = k[b, :, : n + nodes].repeat_interleave(group, dim=0)
+        values = v[b, :, : n + nodes].repeat_interleave(group, dim=0)
+        tree = unpack_tree_mask(packed[b], nodes)
+        visible = torch.cat([tree.new_ones(nodes, n), tree], dim=1)
+        scores = (q[b].transpose(0, 1) @ keys.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).nan_to_num(0.0).to(q.dtype)
+        out[b] = (probs @ values).transpose(0, 1)
+    return out
+
+
+def assert_flash_rule(out, q, k, v, cache_lens, packed, scale):
+    """Error vs fp64 at most twice that of PyTorch in the inputs' precision (the less accurate
+    of SDPA with the dense mask and HF's eager attention)."""
+    assert out.dtype == q.dtype and out.shape == q.shape and out.is_contiguous()
+    exact = reference.tree_attention(q.double(), k.double(), v.double(), cache_lens, packed, scale)
+    err = (out.double() - exact).abs().max().item()
+    err_torch = max(
+        (impl(q, k, v, cache_lens, packed, scale).double() - exact).abs().max().item()
+        for impl in (reference.tree_attention, eager_attention)
+    )
+    assert err <= 2 * err_torch + SLACK[q.dtype], (err, err_torch)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 40])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 1)])
+def test_matches_reference(device, gen, dtype, head_dim, heads):
+    q_heads, kv_heads = heads
+    args = make_case(gen, device, dtype, batch=3, tokens=13, q_heads=q_heads, kv_heads=kv_heads,
+                     head_dim=head_dim, cache_lens=[0, 77, 150])
+    out = ops.tree_attention(*args)
+    assert_flash_rule(out, *args, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("tokens", [1, 33, 64])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+def test_tree_sizes_and_long_prefix(device, gen, dtype, tokens, index_dtype):
+    """Prefixes long enough for many key tiles (and, on CUDA, several splits), trees crossing
+    the 32-node word boundary, and T = 1."""
+    args = make_case(gen, device, dtype, batch=2, tokens=tokens, q_heads=8, kv_heads=2,
+                     head_dim=64, cache_lens=[1000, 333], index_dtype=index_dtype)
+    out = ops.tree_attention(*args, scale=0.3)
+    assert_flash_rule(out, *args, 0.3)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_decode_is_plain_attention(device, gen, dtype):
+    """T = 1 with the root-only mask: ordinary decode attention over cache_len + 1 rows."""
+    batch, heads, length, dim = 3, 4, 57, 64
+    q = torch.randn(batch, 1, heads, dim, generator=gen).to(dtype).to(device)
+    k = torch.randn(batch, heads, length, dim, generator=gen).to(dtype).to(device)
+    v = torch.randn(batch, heads, length, dim, generator=gen).to(dtype).to(device)
+    lens = torch.full((batch,), length - 1, device=device)
+    packed = torch.ones(batch, 1, 1, dtype=torch.int32, device=device)
+    out = ops.tree_attention(q, k, v, lens, packed)
+    plain = torch.nn.functional.scaled_dot_product_attention(
+        q.double().transpose(1, 2), k.double(), v.double()).transpose(1, 2)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(out.double(), plain, atol=tol, rtol=0)
+
+
+def test_ancestor_semantics_hand_checked(device):
+    """Independent of the reference: with V rows one-hot per cache row and equal scores, each
+    output is the uniform average over exactly the visible rows."""
+    parents = torch.tensor([[-1, 0, 0, 1]])
+    masks = ops.build_tree_masks(parents, torch.tensor([2]))
+    capacity, dim = 8, 8
+    q = torch.zeros(1, 4, 1, dim, device=device)
+    k = torch.zeros(1, 1, capacity, dim, device=device)
+    v = torch.eye(capacity, dim, device=device)[None, None]
+    out = ops.tree_attention(q, k, v, torch.tensor([2], device=device), masks.packed_mask.to(device))
+    visible = {0: [0, 1, 2], 1: [0, 1, 2, 3], 2: [0, 1, 2, 4], 3: [0, 1, 2, 3, 5]}
+    for j, rows in visible.items():
+        want = torch.zeros(dim)
+        want[rows] = 1.0 / len(rows)
+        torch.testing.assert_close(out[0, j, 0].cpu(), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_arbitrary_masks_and_empty_rows(device, gen, dtype):
+    """Any bit pattern is honoured (not only ancestor masks); a row with no bits over an empty
+    prefix is zero, not NaN."""
+    batch, tokens, heads, dim = 2, 40, 2, 64
+    bits = torch.rand(batch, tokens, tokens, generator=gen) < 0.3
+    bits[0, 5] = False
+    packed = pack_tree_mask(bits).to(device)
+    lens = torch.tensor([0, 9], device=device)
+    q = torch.randn(batch, tokens, heads, dim, generator=gen).to(dtype).to(device)
+    k = torch.randn(batch, heads, 9 + tokens, dim, generator=gen).to(dtype).to(device)
+    v = torch.randn(batch, heads, 9 + tokens, dim, generator=gen).to(dtype).to(device)
+    out = ops.tree_attention(q, k, v, lens, packed)
+    assert out[0, 5].eq(0).all()
+    assert torch.isfinite(out).all()
+    assert_flash_rule(out, q, k, v, lens, packed, dim**-0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_strided_inputs(device, gen, dtype):
+    """HF layouts: q as a [B, H, T, D] tensor transposed, caches as views of [B, S, H, D]."""
+    batch, tokens, q_heads, kv_heads, dim, capacity = 2, 9, 8, 4, 128, 60
+    q = torch.randn(batch, q_heads, tokens, dim, generator=gen).to(dtype).to(device).transpose(1, 2)
+    k = torch.randn(batch, capacity, kv_heads, dim, generator=gen).to(dtype).to(device).transpose(1, 2)
+    v = torch.randn(batch, capacity, kv_heads, dim, generator=gen).to(dtype).to(device).transpose(1, 2)
+    _, parents = stack_trees([tree_from_parents(random_parents(tokens, gen)) for _ in range(batch)])
+    lens = torch.tensor([40, 51])
+    packed = ops.build_tree_masks(parents, lens).packed_mask.to(device)
+    out = ops.tree_attention(q, k, v, lens.to(device), packed)
+    assert_flash_rule(out, q, k, v, lens.to(device), packed, dim**-0.5)
+    contiguous = ops.tree_attention(q.contiguous(), k.contiguous(), v.contiguous(), lens.to(device), packed)
+    torch.testing.assert_close(out, contiguous, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_unaligned_views(device, gen, dtype):
+    """Caches that start one element into their storage (no 16-byte rows: on CUDA the SIMT
+    kernel instead of the tensor-core one)."""
+    batch, tokens, heads, dim, capacity = 2, 7, 4, 64, 50
+    storage = torch.randn(2, batch * heads * capacity * dim + 1, generator=gen).to(dtype).to(device)
+    k, v = (s[1:].view(batch, heads, capacity, dim) for s in storage)
+    q = torch.randn(batch, tokens, heads, dim, generator=gen).to(dtype).to(device)
+    _, parents = stack_trees([tree_from_parents(random_parents(tokens, gen)) for _ in range(batch)])
+    lens = torch.tensor([30, 43])
+    packed = ops.build_tree_masks(parents, lens).packed_mask.to(device)
+    out = ops.tree_attention(q, k, v, lens.to(device), packed)
+    assert_flash_rule(out, q, k, v, lens.to(device), packed, dim**-0.5)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_graph_capture(gen, dtype):
+    """Captured without host checks (splits sized by the cache capacity), replayed: same result."""
+    args = make_case(gen, "cuda", dtype, batch=3, tokens=21, q_heads=8, kv_heads=2, head_dim=128,
+                     cache_lens=[700, 5, 260], extra=300)
+    _, parents = stack_trees([tree_from_parents(random_parents(21, gen)) for _ in range(3)])
+    parents, lens = parents.cuda(), args[3]
+    eager = ops.tree_attention(*args)
+    ops.build_tree_masks(parents, lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graphed = ops.tree_attention(*args)
+        masks = ops.build_tree_masks(parents, lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_flash_rule(graphed, *args, 128**-0.5)
+    torch.testing.assert_close(graphed, eager, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=0)
+    want = reference.build_tree_masks(parents.cpu(), lens.cpu())
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(masks, want))
+
+
+def test_empty_shapes(device):
+    q = torch.zeros(2, 0, 4, 64, device=device)
+    k = torch.zeros(2, 2, 5, 64, device=device)
+    out = ops.tree_attention(q, k, k, torch.tensor([1, 2], device=device),
+                             torch.zeros(2, 0, 0, dtype=torch.int32, device=device))
+    assert out.shape == (2, 0, 4, 64)
+    out = ops.tree_attention(torch.zeros(0, 3, 4, 64, device=device), torch.zeros(0, 2, 5, 64, device=device),
+                             torch.zeros(0, 2, 5, 64, device=device), torch.zeros(0, dtype=torch.int64, device=device),
+                             torch.zeros(0, 3, 1, dtype=torch.int32, device=device))
+    assert out.shape == (0, 3, 4, 64)
+
+
+# ----------------------------------------------------------------------------- opcheck, compile
+
+
+def test_opcheck(device, gen):
+    args = make_case(gen, device, torch.float16, batch=2, tokens=5, q_heads=4, kv_heads=2,
+                     head_dim=64, cache_lens=[3, 11])
+    torch.library.opcheck(torch.ops.specdec.tree_attention.default, (*args, 0.125))
+
+
+def test_torch_compile_fullgraph(device, gen):
+    """Masks and attention in one compiled graph."""
+    batch, tokens, heads, dim = 2, 6, 4, 64
+    _, parents = stack_trees([tree_from_parents(random_parents(n, gen)) for n in (6, 4)])
+    parents, lens = parents.to(device), torch.tensor([5, 12], device=device)
+    q = torch.randn(batch, tokens, heads, dim, generator=gen).to(device)
+    k = torch.randn(batch, heads, 20, dim, generator=gen).to(device)
+    v = torch.randn(batch, heads, 20, dim, generator=gen).to(device)
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v, parents, lens):
+        masks = ops.build_tree_masks(parents, lens)
+        return ops.tree_attention(q, k, v, lens, masks.packed_mask) * 2, masks.position_ids + 1
+
+    doubled, positions = step(q, k, v, parents, lens)
+    masks = ops.build_tree_masks(parents, lens)
+    torch.testing.assert_close(doubled, 2 * ops.tree_attention(q, k, v, lens, masks.packed_mask))
+    assert torch.equal(positions, masks.position_ids + 1)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def bad_args(device, **overrides):
+    args = dict(
+        q=torch.zeros(2, 3, 4, 64, device=device),
+        k_cache=torch.zeros(2, 2, 10, 64, device=device),
+        v_cache=torch.zeros(2, 2, 10, 64, device=device),
+        cache_lens=torch.tensor([2, 7], device=device),
+        tree_mask=torch.ones(2, 3, 1, dtype=torch.int32, device=device),
+    )
+    args.update({k: v.to(device) for k, v in overrides.items()})
+    return args
+
+
+BAD_ATTENTION = {
+    "mask rows vs T": (dict(tree_mask=torch.ones(2, 4, 1, dtype=torch.int32)), "tree_mask must have shape"),
+    "mask words vs T": (dict(tree_mask=torch.ones(2, 3, 2, dtype=torch.int32)), "tree_mask must have shape"),
+    "mask dtype": (dict(tree_mask=torch.ones(2, 3, 1, dtype=torch.int64)), "bit-packed int32"),
+    "bool mask": (dict(tree_mask=torch.ones(2, 3, 3, dtype=torch.bool)), "bit-packed int32"),
+    "heads not divisible": (dict(k_cache=torch.zeros(2, 3, 10, 64), v_cache=torch.zeros(2, 3, 10, 64)), "multiple of"),
+    "cache too short": (dict(cache_lens=torch.tensor([2, 8])), "too short for prefix \\+ tree"),
+    "negative cache len": (dict(cache_lens=torch.tensor([-1, 0])), "negative"),
+    "cache lens shape": (dict(cache_lens=torch.tensor([1])), "cache_lens must have shape"),
+    "cache lens dtype": (dict(cache_lens=torch.tensor([1.0, 2.0])), "int32 or int64"),
+    "kv dtype": (dict(k_cache=torch.zeros(2, 2, 10, 64).half()), "share a dtype"),
+    "q dtype": (dict(q=torch.zeros(2, 3, 4, 64, dtype=torch.float64)), "float32, float16 or bfloat16"),
+    "q rank": (dict(q=torch.zeros(2, 3, 256)), "q must have shape"),
+    "v shape": (dict(v_cache=torch.zeros(2, 2, 11, 64)), "v_cache has shape"),
+    "head dim": (dict(k_cache=torch.zeros(2, 2, 10, 32), v_cache=torch.zeros(2, 2, 10, 32)), "head dim"),
+    "batch": (dict(k_cache=torch.zeros(3, 2, 10, 64), v_cache=torch.zeros(3, 2, 10, 64)), "batch"),
+    "strided head": (dict(q=torch.zeros(2, 3, 4, 128)[..., ::2]), "contiguous in its last"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ATTENTION))
+def test_rejects_bad_input(device, case):
+    overrides, message = BAD_ATTENTION[case]
+    with pytest.raises(ValueError, match=message):
+        ops.tree_attention(**bad_args(device, **overrides))
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_rejects_mixed_devices():
+    with pytest.raises(ValueError, match="one device"):
+        ops.tree_attention(**{**bad_args("cuda"), "k_cache": torch.zeros(2, 2, 10, 64)})
+    with pytest.raises(ValueError, match="cache_lens must be on"):
+        ops.tree_attention(**{**bad_args("cuda"), "cache_lens": torch.tensor([2, 7])})
+    with pytest.raises(ValueError, match="tree_mask must be on"):
+        ops.tree_attention(**{**bad_args("cuda"), "tree_mask": torch.ones(2, 3, 1, dtype=torch.int32)})

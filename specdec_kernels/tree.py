@@ -1,0 +1,569 @@
+"""Draft trees for tree-structured speculative decoding (Medusa, EAGLE, SpecInfer, lookahead).
+
+A draft tree is a set of candidate continuations that share prefixes. Node 0 is the root: the
+last accepted token, whose K/V is not in the cache yet. Every other node is one drafted token;
+its parent is the token before it. Nodes are numbered so that a parent always comes before its
+children, which lets every kernel walk a tree in one pass.
+
+This module builds trees on the host, from
+
+- a parent array (:func:`tree_from_parents`),
+- a Medusa-style list of top-k rank paths (:func:`tree_from_choices`),
+- several drafters' token sequences merged by common prefix (:func:`tree_from_sequences`),
+
+checks them (:class:`ValueError` with the offending node on any malformed input) and stacks a
+batch of ragged trees into padded tensors for the ops (:func:`stack_trees`). It also builds the
+4-D attention masks over ``[prefix + tree]`` that Hugging Face models accept
+(:func:`tree_attention_mask_4d`, :func:`tree_attention_bias_4d`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_NODES",
+    "PAD_PARENT",
+    "Tree",
+    "pack_tree_mask",
+    "prefix_valid_from_lens",
+    "sequence_nodes",
+    "stack_trees",
+    "tree_attention_bias_4d",
+    "tree_attention_mask_4d",
+    "tree_from_choices",
+    "tree_from_parents",
+    "tree_from_sequences",
+    "unpack_tree_mask",
+]
+
+#: Parent value that marks an unused (padding) node of a ragged tree in a batch.
+PAD_PARENT = -2
+#: Default limit on the number of nodes (root included); pass ``max_nodes`` to change it.
+DEFAULT_MAX_NODES = 2048
+#: Default limit on a tree's depth (the root has depth 0); pass ``max_depth`` to change it.
+DEFAULT_MAX_DEPTH = 256
+
+
+def _as_int_list(values: Iterable, name: str) -> list[int]:
+    """Plain Python ints from a sequence or 1-D tensor, rejecting floats and bools."""
+    if isinstance(values, Tensor):
+        if values.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
+        if values.is_floating_point() or values.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integers, got dtype {values.dtype}")
+        return [int(v) for v in values.tolist()]
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, Tensor) and v.dim() == 0 and not v.is_floating_point() and v.dtype != torch.bool:
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"{name}[{i}] must be an int, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _cycle_through(parents: list[int], start: int) -> list[int] | None:
+    """The cycle reached by following parents from ``start``, or None if the walk ends at -1."""
+    order: dict[int, int] = {}
+    node = start
+    while node >= 0 and node not in order:
+        order[node] = len(order)
+        node = parents[node]
+    if node < 0:
+        return None
+    walk = list(order)
+    return walk[order[node] :]
+
+
+def _validate_parents(parents: list[int], max_nodes: int, max_depth: int) -> list[int]:
+    """Check a parent array and return the depth of every node."""
+    n = len(parents)
+    if n == 0:
+        raise ValueError("a tree needs at least its root: parents must not be empty")
+    if n > max_nodes:
+        raise ValueError(f"the tree has {n} nodes, more than max_nodes={max_nodes}")
+    roots = [i for i, p in enumerate(parents) if p == -1]
+    if len(roots) != 1:
+        raise ValueError(
+            f"a tree has exactly one root (parent -1), found {len(roots)} at nodes {roots[:8]}"
+        )
+    if roots[0] != 0:
+        raise ValueError(f"the root must be node 0, but node {roots[0]} has parent -1")
+    for i in range(1, n):
+        p = parents[i]
+        if p < 0 or p >= n:
+            raise ValueError(
+                f"parents[{i}] = {p} is not a node index (must be in [0, {n}); -1 only at the root)"
+            )
+    depths = [0] * n
+    for i in range(1, n):
+        p = parents[i]
+        if p >= i:
+            cycle = _cycle_through(parents, i)
+            if cycle is not None:
+                raise ValueError(f"parents form a cycle through nodes {cycle}")
+            raise ValueError(
+                f"parents[{i}] = {p}: a parent must come before its child "
+                "(number the nodes in breadth- or depth-first order)"
+            )
+        depths[i] = depths[p] + 1
+        if depths[i] > max_depth:
+            raise ValueError(f"node {i} has depth {depths[i]}, more than max_depth={max_depth}")
+    return depths
+
+
+@dataclass
+class Tree:
+    """A draft tree: node 0 is the root, every other node's parent comes before it.
+
+    Construct with :func:`tree_from_parents`, :func:`tree_from_choices` or
+    :func:`tree_from_sequences`; the constructor validates too.
+
+    Attributes
+    ----------
+    parents : list of int
+        ``parents[0] = -1``; ``0 <= parents[j] < j`` for every other node ``j``.
+    tokens : list of int or None
+        The token of every node (node 0: the root token), or None for a tree of shape only.
+    ranks : list of int or None
+        For trees built from Medusa choices: the top-k rank each node's token is taken from
+        (``-1`` at the root); the token of node ``j`` is rank ``ranks[j]`` of the prediction
+        for depth ``depths[j]``.
+    """
+
+    parents: list[int]
+    tokens: list[int] | None = None
+    ranks: list[int] | None = None
+
+    def __post_init__(self):
+        self.parents = _as_int_list(self.parents, "parents")
+        self._depths = _validate_parents(self.parents, len(self.parents), len(self.parents))
+        if self.tokens is not None:
+            self.tokens = _check_tokens(self.tokens, len(self.parents))
+        if self.ranks is not None:
+            self.ranks = _as_int_list(self.ranks, "ranks")
+            if len(self.ranks) != len(self.parents):
+                raise ValueError(f"ranks has {len(self.ranks)} entries for {len(self.parents)} nodes")
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    @property
+    def depths(self) -> list[int]:
+        """Depth of every node (the root has depth 0)."""
+        return list(self._depths)
+
+    @property
+    def depth(self) -> int:
+        """Depth of the deepest node."""
+        return max(self._depths)
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """Children of every node, in increasing node order."""
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for j, p in enumerate(self.parents[1:], start=1):
+            kids[p].append(j)
+        return kids
+
+    @property
+    def leaves(self) -> list[int]:
+        """Nodes without children, in increasing node order (the same order as the
+        ``retrieve_paths`` of :func:`specdec_kernels.ops.build_tree_masks`)."""
+        return [j for j, kids in enumerate(self.children) if not kids]
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root to ``node``, both included."""
+        if not 0 <= node < len(self.parents):
+            raise ValueError(f"node {node} is not in a tree of {len(self.parents)} nodes")
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf paths, one per leaf in :attr:`leaves` order."""
+        return [self.path(leaf) for leaf in self.leaves]
+
+    def with_tokens(self, tokens: Sequence[int] | Tensor) -> "Tree":
+        """The same tree shape carrying ``tokens`` (one per node, the root's first)."""
+        return Tree(list(self.parents), tokens=_check_tokens(tokens, len(self.parents)),
+                    ranks=None if self.ranks is None else list(self.ranks))
+
+
+def _check_tokens(tokens, num_nodes: int) -> list[int]:
+    tokens = _as_int_list(tokens, "tokens")
+    if len(tokens) != num_nodes:
+        raise ValueError(f"tokens has {len(tokens)} entries for {num_nodes} nodes")
+    negative = [i for i, t in enumerate(tokens) if t < 0]
+    if negative:
+        raise ValueError(f"tokens must be non-negative ids, tokens[{negative[0]}] = {tokens[negative[0]]}")
+    return tokens
+
+
+def tree_from_parents(
+    parents: Sequence[int] | Tensor,
+    tokens: Sequence[int] | Tensor | None = None,
+    *,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> Tree:
+    """A tree from its parent array.
+
+    Parameters
+    ----------
+    parents : sequence of int or 1-D Tensor
+        ``parents[0] = -1`` (the root); for every other node ``j``, ``0 <= parents[j] < j``.
+    tokens : sequence of int or 1-D Tensor, optional
+        One non-negative token id per node.
+    max_nodes, max_depth : int
+        Limits; a larger tree is rejected.
+
+    Returns
+    -------
+    Tree
+
+    Raises
+    ------
+    ValueError
+        No root, several roots, a root other than node 0, a parent index out of range or not
+        before its child, a cycle, a tree over the limits, or tokens of the wrong length.
+    """
+    parents = _as_int_list(parents, "parents")
+    _validate_parents(parents, max_nodes, max_depth)
+    return Tree(parents, tokens=None if tokens is None else list(_as_int_list(tokens, "tokens")))
+
+
+def tree_from_choices(
+    choices: Sequence[Sequence[int]],
+    *,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> Tree:
+    """A tree from a Medusa-style choice list.
+
+    Each choice is the path of top-k ranks from the root to one node: ``[0]`` is the top-1
+    prediction of the first head, ``[0, 1]`` the top-2 prediction of the second head after it.
+    Nodes are numbered by (depth, path), the order Medusa uses, so node ``i + 1`` is the
+    ``i``-th choice of ``sorted(choices, key=lambda c: (len(c), c))``.
+
+    Parameters
+    ----------
+    choices : sequence of sequence of int
+        Non-empty rank paths, each rank >= 0; every proper prefix of a path must be a choice too.
+        An empty list gives a tree of the root alone.
+    max_nodes, max_depth : int
+        Limits; a larger tree is rejected.
+
+    Returns
+    -------
+    Tree
+        With :attr:`Tree.ranks` set (the last rank of each node's path; -1 at the root).
+
+    Raises
+    ------
+    ValueError
+        An empty or negative path, a duplicate, a path whose prefix is missing, or a tree
+        over the limits.
+    """
+    paths: list[tuple[int, ...]] = []
+    for i, choice in enumerate(choices):
+        path = tuple(_as_int_list(choice, f"choices[{i}]"))
+        if not path:
+            raise ValueError(f"choices[{i}] is empty; the root is implicit")
+        if min(path) < 0:
+            raise ValueError(f"choices[{i}] = {list(path)} has a negative rank")
+        paths.append(path)
+    ordered = sorted(paths, key=lambda p: (len(p), p))
+    node_of: dict[tuple[int, ...], int] = {(): 0}
+    parents, ranks = [-1], [-1]
+    for path in ordered:
+        if path in node_of:
+            raise ValueError(f"choice {list(path)} appears more than once")
+        if path[:-1] not in node_of:
+            raise ValueError(
+                f"choice {list(path)} has no parent: its prefix {list(path[:-1])} is not a choice"
+            )
+        node_of[path] = len(parents)
+        parents.append(node_of[path[:-1]])
+        ranks.append(path[-1])
+    _validate_parents(parents, max_nodes, max_depth)
+    return Tree(parents, ranks=ranks)
+
+
+def tree_from_sequences(
+    sequences: Sequence[Sequence[int]],
+    root_token: int,
+    *,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> Tree:
+    """Merge token sequences that continue ``root_token`` into one tree by common prefix.
+
+    This is how several drafters' proposals (or lookahead n-grams) become one tree to verify:
+    equal prefixes share nodes, so each distinct continuation is scored once. Nodes are
+    numbered in order of first appearance, so every sequence's nodes come before those of the
+    sequences after it that branch off it.
+
+    Parameters
+    ----------
+    sequences : sequence of sequence of int
+        Drafted tokens after the root (the root token not included). Empty sequences and
+        duplicates are allowed and add nothing.
+    root_token : int
+        The token of node 0.
+    max_nodes, max_depth : int
+        Limits; a larger merged tree is rejected.
+
+    Returns
+    -------
+    Tree
+        With tokens; use :func:`sequence_nodes` to find the nodes of one sequence.
+
+    Raises
+    ------
+    ValueError
+        A negative token, or a merged tree over the limits.
+    """
+    (root_token,) = _as_int_list([root_token], "root_token")
+    parents, tokens = [-1], [root_token]
+    child_of: dict[tuple[int, int], int] = {}
+    for i, sequence in enumerate(sequences):
+        sequence = _as_int_list(sequence, f"sequences[{i}]")
+        if len(sequence) > max_depth:
+            raise ValueError(
+                f"sequences[{i}] has {len(sequence)} tokens, more than max_depth={max_depth}"
+            )
+        node = 0
+        for token in sequence:
+            if token < 0:
+                raise ValueError(f"sequences[{i}] holds a negative token {token}")
+            key = (node, token)
+            if key not in child_of:
+                if len(parents) >= max_nodes:
+                    raise ValueError(f"the merged tree exceeds max_nodes={max_nodes}")
+                child_of[key] = len(parents)
+                parents.append(node)
+                tokens.append(token)
+            node = child_of[key]
+    return Tree(parents, tokens=tokens)
+
+
+def sequence_nodes(tree: Tree, sequence: Sequence[int]) -> list[int]:
+    """The nodes (after the root) whose tokens spell ``sequence`` from the root.
+
+    Parameters
+    ----------
+    tree : Tree
+        A tree with tokens.
+    sequence : sequence of int
+        Tokens after the root.
+
+    Returns
+    -------
+    list of int
+        One node per token of ``sequence``.
+
+    Raises
+    ------
+    ValueError
+        The tree has no tokens, or the sequence is not a path of the tree.
+    """
+    if tree.tokens is None:
+        raise ValueError("the tree has no tokens")
+    node, out = 0, []
+    for i, token in enumerate(_as_int_list(sequence, "sequence")):
+        nxt = [c for c in tree.children[node] if tree.tokens[c] == token]
+        if not nxt:
+            raise ValueError(f"token {i} ({token}) of the sequence does not continue node {node}")
+        node = nxt[0]
+        out.append(node)
+    return out
+
+
+def stack_trees(
+    trees: Sequence[Tree],
+    *,
+    num_nodes: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Stack ragged trees into padded ``[B, T]`` tensors for the ops.
+
+    Parameters
+    ----------
+    trees : sequence of Tree
+        One tree per request.
+    num_nodes : int, optional
+        ``T``; defaults to the largest tree's size. A fixed value keeps shapes static (CUDA
+        graphs, ``torch.compile``).
+    device : torch.device or str, optional
+        Where to put the tensors (default CPU).
+
+    Returns
+    -------
+    tokens : Tensor
+        ``[B, T]`` int64, each tree's tokens (0 for trees without tokens and for padding).
+    parents : Tensor
+        ``[B, T]`` int64, each tree's parents, :data:`PAD_PARENT` (``-2``) for padding nodes.
+
+    Raises
+    ------
+    ValueError
+        No trees, or ``num_nodes`` smaller than a tree.
+    """
+    if len(trees) == 0:
+        raise ValueError("stack_trees needs at least one tree")
+    largest = max(len(t) for t in trees)
+    if num_nodes is None:
+        num_nodes = largest
+    if num_nodes < largest:
+        raise ValueError(f"num_nodes={num_nodes} is smaller than the largest tree ({largest} nodes)")
+    tokens = torch.zeros(len(trees), num_nodes, dtype=torch.int64)
+    parents = torch.full((len(trees), num_nodes), PAD_PARENT, dtype=torch.int64)
+    for b, tree in enumerate(trees):
+        parents[b, : len(tree)] = torch.tensor(tree.parents, dtype=torch.int64)
+        if tree.tokens is not None:
+            tokens[b, : len(tree)] = torch.tensor(tree.tokens, dtype=torch.int64)
+    return tokens.to(device), parents.to(device)
+
+
+# ----------------------------------------------------------------------------- HF-style masks
+
+
+def prefix_valid_from_lens(prefix_lens: Tensor, past_length: int) -> Tensor:
+    """``[B, past_length]`` bool: True on the first ``prefix_lens[b]`` columns (right padding).
+
+    Parameters
+    ----------
+    prefix_lens : Tensor
+        ``[B]`` valid prefix length of each request, each ``<= past_length``.
+    past_length : int
+        Columns of the padded cache before the tree.
+    """
+    columns = torch.arange(past_length, device=prefix_lens.device)
+    return columns[None, :] < prefix_lens[:, None]
+
+
+def tree_attention_mask_4d(
+    tree_mask: Tensor, prefix_valid: Tensor, *, sliding_window: int | None = None
+) -> Tensor:
+    """Boolean 4-D mask over ``[prefix + tree]`` in the form Hugging Face models accept.
+
+    Query ``j`` (tree node ``j``) may attend to every valid prefix column and to the tree
+    columns of its ancestors and itself. The layout matches a padded HF cache: the prefix
+    occupies the first ``P`` key columns (padding anywhere, e.g. left padding from a batched
+    prefill, marked False in ``prefix_valid``) and the tree's own K/V the last ``T``. Pass the
+    result as ``attention_mask`` together with ``position_ids`` from
+    :func:`specdec_kernels.ops.build_tree_masks` (prefix length = valid columns per request).
+
+    Parameters
+    ----------
+    tree_mask : Tensor
+        ``[B, T, T]`` bool ancestor-or-self mask (``build_tree_masks(...).mask``).
+    prefix_valid : Tensor
+        ``[B, P]`` bool (or 0/1 integer, e.g. HF's 2-D ``attention_mask`` of the prefix):
+        which prefix columns hold real tokens. ``P`` may be 0.
+    sliding_window : int, optional
+        For sliding-window layers: key ``k`` is visible to query ``q`` only if their positions
+        differ by less than the window (HF's convention). Positions count valid columns, so the
+        mask is right for a truncated sliding cache too when ``prefix_valid`` describes that
+        layer's cache.
+
+    Returns
+    -------
+    Tensor
+        ``[B, 1, T, P + T]`` bool, True where attention is allowed. A padding node (parent
+        ``-2``) sees itself and the prefix, so no row is empty.
+    """
+    if tree_mask.dim() != 3 or tree_mask.shape[1] != tree_mask.shape[2]:
+        raise ValueError(f"tree_mask must have shape [B, T, T], got {tuple(tree_mask.shape)}")
+    if prefix_valid.dim() != 2 or prefix_valid.shape[0] != tree_mask.shape[0]:
+        raise ValueError(
+            f"prefix_valid must have shape [B, P] with B = {tree_mask.shape[0]}, "
+            f"got {tuple(prefix_valid.shape)}"
+        )
+    tree_mask = tree_mask.to(torch.bool)
+    prefix_valid = prefix_valid.to(device=tree_mask.device, dtype=torch.bool)
+    num_tree = tree_mask.shape[1]
+    prefix = prefix_valid[:, None, :].expand(-1, num_tree, -1)
+    tree = tree_mask
+    if sliding_window is not None:
+        if sliding_window <= 0:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        depth = tree_mask.sum(-1) - 1  # ancestors-or-self minus one
+        valid_count = prefix_valid.sum(-1, keepdim=True)  # [B, 1]
+        key_pos = prefix_valid.cumsum(-1) - 1  # [B, P] position of each valid column
+        query_pos = valid_count + depth  # [B, T]
+        prefix = prefix & (query_pos[:, :, None] - key_pos[:, None, :] < sliding_window)
+        tree = tree & (depth[:, :, None] - depth[:, None, :] < sliding_window)
+    return torch.cat([prefix, tree], dim=-1)[:, None]
+
+
+def tree_attention_bias_4d(
+    tree_mask: Tensor,
+    prefix_valid: Tensor,
+    dtype: torch.dtype,
+    *,
+    sliding_window: int | None = None,
+) -> Tensor:
+    """Additive float form of :func:`tree_attention_mask_4d`: 0 where allowed, the dtype's
+    most negative finite value elsewhere (HF's convention for eager attention).
+
+    Parameters
+    ----------
+    tree_mask, prefix_valid, sliding_window
+        As for :func:`tree_attention_mask_4d`.
+    dtype : torch.dtype
+        Floating dtype of the bias (the model's dtype).
+
+    Returns
+    -------
+    Tensor
+        ``[B, 1, T, P + T]`` of ``dtype``.
+    """
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    allowed = tree_attention_mask_4d(tree_mask, prefix_valid, sliding_window=sliding_window)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def pack_tree_mask(mask: Tensor) -> Tensor:
+    """Bit-pack a boolean tree mask the way the ops expect.
+
+    Parameters
+    ----------
+    mask : Tensor
+        ``[..., T]`` bool.
+
+    Returns
+    -------
+    Tensor
+        ``[..., ceil(T / 32)]`` int32; bit ``k % 32`` of word ``k // 32`` is ``mask[..., k]``.
+    """
+    num = mask.shape[-1]
+    words = -(-num // 32)
+    padded = torch.zeros(*mask.shape[:-1], words * 32, dtype=torch.int64, device=mask.device)
+    padded[..., :num] = mask.to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64, device=mask.device) << torch.arange(
+        32, device=mask.device
+    )
+    packed = (padded.view(*mask.shape[:-1], words, 32) * weights).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_tree_mask(packed: Tensor, num_nodes: int) -> Tensor:
+    """Inverse of :func:`pack_tree_mask`: ``[..., W]`` int32 to ``[..., num_nodes]`` bool."""
+    bits = torch.arange(32, device=packed.device, dtype=torch.int64)
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    unpacked = ((words[..., None] >> bits) & 1).bool()
+    return unpacked.flatten(-2)[..., :num_nodes]
