@@ -378,6 +378,7 @@ struct BlockRow {
       }
       __syncthreads();
       const unsigned long long found = sh.found;
+      __syncthreads();  // every thread has read `found` before anything reuses it
       if (found != ~0ull) return static_cast<int64_t>(found);
       running += tile_total;
     }
