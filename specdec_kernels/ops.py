@@ -306,8 +306,8 @@ def verify_chain(
     draft_probs : Tensor, optional
         ``[B, K, V]`` float32: the distribution each draft was sampled from (e.g. from
         :func:`sample_with_probs`). ``None`` for deterministic drafters (n-gram, lookup): q is
-        one-hot at the draft. Only the drafted token's entry is validated (in ``[0, 1]``);
-        elsewhere a NaN or negative entry counts as 0 in the residual.
+        one-hot at the draft. Only the drafted token's entry is validated (in ``[0, 1]``); the
+        rest is trusted to be a distribution (a NaN entry gives its token no residual mass).
     params : SamplingParams
         ``[B]`` per-request parameters, applied to the target logits (and assumed to be what
         produced ``draft_probs``).
