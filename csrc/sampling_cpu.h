@@ -56,6 +56,21 @@ class CpuRow {
     return true;
   }
 
+  // A greedy row needs only its argmax: no copy (the row must be valid).
+  template <typename scalar_t>
+  void load_greedy(const scalar_t* logits, int64_t vocab) {
+    vocab_ = vocab;
+    greedy_ = true;
+    float best = static_cast<float>(logits[0]);
+    for (int64_t x = 1; x < vocab; ++x) {
+      const float l = static_cast<float>(logits[x]);
+      best = l > best ? l : best;
+    }
+    int64_t arg = 0;
+    while (static_cast<float>(logits[arg]) != best) ++arg;
+    argmax_ = arg;
+  }
+
   // Applies temperature, top-k, top-p and min-p (see kernels/sampling.cuh). Greedy rows need
   // nothing beyond load(). `with_entropy` also computes the typical-acceptance sum A.
   void process(const RowParams& params, bool with_entropy) {

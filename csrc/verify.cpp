@@ -107,8 +107,12 @@ void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* 
         j == 0 || (scratch.depth[layout.parent(j)] >= 0 && scratch.passed[j] != 0);
     if (!reached) continue;
     scratch.depth[j] = j == 0 ? 0 : scratch.depth[layout.parent(j)] + 1;
-    row.load(logits + j * vocab, vocab, mantissa);
-    row.process(params, /*with_entropy=*/!greedy);
+    if (greedy) {
+      row.load_greedy(logits + j * vocab, vocab);
+    } else {
+      row.load(logits + j * vocab, vocab, mantissa);
+      row.process(params, /*with_entropy=*/true);
+    }
     const float threshold =
         greedy ? 0.0f
                : row.typical_threshold_for(typical.posterior_threshold, typical.posterior_alpha);

@@ -151,6 +151,29 @@ __device__ int64_t block_argmax(float value, int64_t index, RowShared& sh) {
   return arg;
 }
 
+// Adds (1, w) to bin `bin` of a shared histogram for every lane with `counted`, one atomic per
+// distinct bin per warp (the lanes of a warp mostly share a bin in the first radix round).
+// Every lane of the warp must call it.
+__device__ __forceinline__ void warp_histogram_add(bool counted, int bin, float w,
+                                                   uint32_t* counts, float* masses) {
+  const int lane = threadIdx.x % 32;
+  unsigned remaining = __ballot_sync(kFullMask, counted);
+  while (remaining != 0) {
+    const int leader = __ffs(remaining) - 1;
+    const int leader_bin = __shfl_sync(kFullMask, bin, leader);
+    const bool mine = counted && bin == leader_bin;
+    const unsigned peers = __ballot_sync(kFullMask, mine);
+    float sum = mine ? w : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
+    if (lane == leader) {
+      atomicAdd(&counts[leader_bin], static_cast<uint32_t>(__popc(peers)));
+      atomicAdd(&masses[leader_bin], sum);
+    }
+    remaining &= ~peers;
+  }
+}
+
 // Exclusive prefix sum over the block in thread order; `total` receives the block's sum.
 __device__ double block_exclusive_scan(double v, double& total, RowShared& sh) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -304,16 +327,22 @@ struct BlockRow {
       }
       __syncthreads();
       const uint32_t prefix = search.prefix, mask = search.mask;
-      for_each_chunk([&](int64_t, const float (&l)[VEC]) {
+      // Warp-uniform trip count, so whole warps take part in the aggregated histogram adds.
+      const int64_t chunks = num_chunks();
+      const int64_t trips = (chunks + blockDim.x - 1) / blockDim.x;
+      for (int64_t trip = 0; trip < trips; ++trip) {
+        const int64_t c = trip * blockDim.x + threadIdx.x;
+        float l[VEC] = {};
+        if (c < chunks) load_floats<T, VEC>(logits + c * VEC, l);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const uint32_t key = float_key(l[i]);
-          if ((key & mask) != prefix || key < floor_key) continue;
+          const bool counted = c < chunks && (key & mask) == prefix && key >= floor_key;
           const int bin = static_cast<int>((key >> shift) & 0xFFu);
-          atomicAdd(&sh.counts[bin], 1u);
-          atomicAdd(&sh.masses[bin], f.raw_weight(l[i]));
+          warp_histogram_add(counted, bin, counted ? f.raw_weight(l[i]) : 0.0f, sh.counts,
+                             sh.masses);
         }
-      });
+      }
       __syncthreads();
       if (top_p) {
         radix_pick_top_p(search, sh.counts, sh.masses, shift, shift == last_shift, top_p_target);
