@@ -117,6 +117,15 @@ def test_compact_zero_accepted_is_a_no_op(device, gen):
     assert all(torch.equal(a, b) for a, b in zip(caches, before))
 
 
+def test_compact_zero_heads_advances_lens(device):
+    """H = 0: no rows to move (and no empty CUDA grid); the lengths still advance."""
+    caches = [torch.zeros(2, 0, 9, 64, device=device)]
+    lens = torch.tensor([3, 4], device=device)
+    positions = torch.tensor([[5, 3], [4, -1]], device=device)
+    ops.compact_kv_cache_(caches, lens, positions, torch.tensor([2, 1], device=device))
+    assert lens.tolist() == [5, 5]
+
+
 def random_block_tables(batch, max_blocks, num_blocks, allocated, gen):
     """Disjoint random physical blocks; request b owns its first allocated[b] logical blocks."""
     perm = torch.randperm(num_blocks, generator=gen)

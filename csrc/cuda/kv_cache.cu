@@ -44,18 +44,24 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
                     const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
   const int64_t max_accepted = accept_positions.size(1);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  if (batch > 0 && max_accepted > 0 && row_bytes > 0) {
+  // No rows to move (also H = 0, which would make an empty grid): only the lengths advance.
+  if (batch > 0 && heads > 0 && max_accepted > 0 && row_bytes > 0) {
     TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
                 max_accepted, " is too large: at most ", kStagingBytes / width,
                 " accepted rows per request for this row width");
     int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
     chunk -= chunk % width;
+    const int64_t blocks = static_cast<int64_t>(caches.size()) * batch * heads;
+    TORCH_CHECK_VALUE(blocks <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
+                "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
+                " rows of ", row_bytes, " bytes with accept_positions.size(1) = ", max_accepted,
+                " exceeds the CUDA grid limits");
     CacheTensorTable table{};
     for (size_t i = 0; i < caches.size(); ++i) table.base[i] = static_cast<char*>(caches[i].data_ptr());
     const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
                              static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
                              chunk};
-    const dim3 grid(static_cast<unsigned>(caches.size() * batch * heads),
+    const dim3 grid(static_cast<unsigned>(blocks),
                     static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
     const size_t smem = static_cast<size_t>(max_accepted * chunk);
     const index_t* positions = accept_positions.const_data_ptr<index_t>();
