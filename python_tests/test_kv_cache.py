@@ -313,13 +313,17 @@ def test_compact_rejects_bad_caches(device):
         "has shape": [torch.zeros(2, 3, 8, 40, device=device), torch.zeros(2, 3, 9, 40, device=device)],
         "has dtype": [torch.zeros(2, 3, 8, 40, device=device), torch.zeros(2, 3, 8, 40, device=device).half()],
         "contiguous in its last": [torch.zeros(2, 3, 40, 8, device=device).transpose(2, 3)] * 1,
-        "aliases": [good["caches"][0], good["caches"][0]],
+        "overlaps": [good["caches"][0], good["caches"][0]],
+        "overlapping elements": [torch.zeros(1, 3, 8, 40, device=device).expand(2, 3, 8, 40)],
         "4-D": [torch.zeros(2, 3, 8, device=device)],
         "at least one": [],
     }
     for message, caches in cases.items():
         with pytest.raises(ValueError, match=message):
             ops.compact_kv_cache_(**{**good, "caches": caches})
+    shared = torch.zeros(2, 3, 9, 40, device=device)
+    with pytest.raises(ValueError, match="overlaps"):  # two views one row apart
+        ops.compact_kv_cache_(**{**good, "caches": [shared[:, :, :8], shared[:, :, 1:]]})
     with pytest.raises(ValueError, match="stacked cache"):
         ops.compact_kv_cache_(**{**good, "caches": torch.zeros(2, 2, 2, 3, 8, device=device)[0]})
 

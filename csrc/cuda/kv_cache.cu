@@ -97,11 +97,9 @@ void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cuda", [&] {
     if (!capturing_graph()) {
-      const int64_t capacity = g.capacity;
-      check_compact_values<index_t>(
-          cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
-          [capacity](int64_t, int64_t p) { return p >= 0 && p < capacity; },
-          "positions must be < S, the cache's capacity");
+      check_compact_values<index_t>(cache_lens.cpu(), accept_positions.cpu(),
+                                    num_accepted.cpu(), g.rows,
+                                    "positions must be < S, the cache's capacity");
     }
     const int width = vector_width(
         caches, {g.row_bytes, g.rows.stride_b, g.rows.stride_h, g.rows.stride_s});
@@ -129,16 +127,11 @@ void compact_paged_kv_cache_cuda(at::TensorList caches, const at::Tensor& block_
       const at::Tensor tables_cpu = block_tables.cpu();
       check_compact_values<index_t>(
           cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
-          PagedPositionCheck<index_t>{tables_cpu.const_data_ptr<index_t>(), max_blocks,
-                                      g.block_size, g.num_blocks},
+          paged_rows(g, tables_cpu.const_data_ptr<index_t>(), max_blocks),
           "its block must be allocated in block_tables");
     }
-    const PagedRows<index_t> rows{block_tables.const_data_ptr<index_t>(),
-                                  max_blocks,
-                                  g.block_size,
-                                  g.stride_block,
-                                  g.stride_slot,
-                                  g.stride_h};
+    const PagedRows<index_t> rows =
+        paged_rows(g, block_tables.const_data_ptr<index_t>(), max_blocks);
     const int width = vector_width(
         caches, {g.row_bytes, g.stride_block, g.stride_slot, g.stride_h});
     launch_compact<index_t>(caches, rows, batch, g.heads, g.row_bytes, width, cache_lens,
