@@ -52,11 +52,8 @@ void compact_kv_cache_cpu(at::TensorList caches, const at::Tensor& cache_lens,
   const ContiguousGeometry g = contiguous_geometry(caches[0]);
   check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cpu", [&] {
-    const int64_t capacity = g.capacity;
-    check_compact_values<index_t>(
-        cache_lens, accept_positions, num_accepted,
-        [capacity](int64_t, int64_t p) { return p >= 0 && p < capacity; },
-        "positions must be < S, the cache's capacity");
+    check_compact_values<index_t>(cache_lens, accept_positions, num_accepted, g.rows,
+                                  "positions must be < S, the cache's capacity");
     compact_rows_cpu<index_t>(caches, g.rows, g.batch, g.heads, g.row_bytes, cache_lens,
                               accept_positions, num_accepted);
   });
@@ -77,12 +74,9 @@ void compact_paged_kv_cache_cpu(at::TensorList caches, const at::Tensor& block_t
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cpu", [&] {
     const index_t* tables = block_tables.const_data_ptr<index_t>();
     const int64_t max_blocks = block_tables.size(1);
-    check_compact_values<index_t>(
-        cache_lens, accept_positions, num_accepted,
-        PagedPositionCheck<index_t>{tables, max_blocks, g.block_size, g.num_blocks},
-        "its block must be allocated in block_tables");
-    const PagedRows<index_t> rows{tables,        max_blocks,    g.block_size,
-                                  g.stride_block, g.stride_slot, g.stride_h};
+    const PagedRows<index_t> rows = paged_rows(g, tables, max_blocks);
+    check_compact_values<index_t>(cache_lens, accept_positions, num_accepted, rows,
+                                  "its block must be allocated in block_tables");
     compact_rows_cpu<index_t>(caches, rows, batch, g.heads, g.row_bytes, cache_lens,
                               accept_positions, num_accepted);
   });

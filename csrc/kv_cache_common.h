@@ -5,13 +5,45 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include <unordered_set>
+#include <ATen/MemoryOverlap.h>
+
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
 #include "cuda/kernels/kv_cache.cuh"
 
 namespace specdec {
+
+// The byte range a tensor's elements span (for non-negative strides).
+inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto begin = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {begin, begin + static_cast<uintptr_t>((last + 1) * t.element_size())};
+}
+
+// Rows are moved in parallel, so no element may be reachable twice: within a tensor
+// (expanded or otherwise self-overlapping views) or across tensors (aliases, overlapping views).
+// Views of one stacked buffer interleave harmlessly only when their spans do not overlap, which
+// holds for [L, 2, ...] buffers split along the leading dimensions.
+inline void check_caches_disjoint(const at::TensorList caches) {
+  std::vector<std::pair<std::pair<uintptr_t, uintptr_t>, size_t>> spans;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const at::Tensor& c = caches[i];
+    if (c.numel() == 0) continue;
+    TORCH_CHECK_VALUE(at::has_internal_overlap(c) != at::MemOverlap::Yes, "caches[", i,
+                      "] has overlapping elements (an expanded view?); strides ", c.strides());
+    spans.push_back({byte_span(c), i});
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t k = 1; k < spans.size(); ++k) {
+    TORCH_CHECK_VALUE(spans[k].first.first >= spans[k - 1].first.second, "caches[",
+                      spans[k].second, "] overlaps caches[", spans[k - 1].second,
+                      "] in memory; every cache tensor must be distinct");
+  }
+}
 
 // Every tensor in `caches` must have the same shape, strides, dtype and device as the first,
 // a contiguous last dimension and its own storage region (aliases would be moved twice).
@@ -24,7 +56,6 @@ inline void check_cache_list(const at::TensorList caches, int64_t expected_dim,
   const at::Tensor& first = caches[0];
   TORCH_CHECK_VALUE(first.dim() == expected_dim, "caches[0] must be ", expected_dim, "-D ", layout,
               ", got shape ", first.sizes());
-  std::unordered_set<const void*> seen;
   for (size_t i = 0; i < caches.size(); ++i) {
     const at::Tensor& c = caches[i];
     TORCH_CHECK_VALUE(c.sizes() == first.sizes(), "caches[", i, "] has shape ", c.sizes(),
@@ -37,9 +68,8 @@ inline void check_cache_list(const at::TensorList caches, int64_t expected_dim,
                 " but caches[0] is on ", first.device());
     TORCH_CHECK_VALUE(c.stride(-1) == 1 || c.size(-1) <= 1, "caches[", i,
                 "] must be contiguous in its last (head) dimension, got strides ", c.strides());
-    TORCH_CHECK_VALUE(seen.insert(c.data_ptr()).second, "caches[", i,
-                "] aliases an earlier cache tensor (same data pointer)");
   }
+  check_caches_disjoint(caches);
 }
 
 // The index tensors of a compaction call: cache_lens [B], num_accepted [B],
@@ -58,11 +88,11 @@ inline void check_compact_indices(const at::Tensor& cache_lens,
   check_tensor(num_accepted, "num_accepted", {batch}, dtype, device);
 }
 
-// Value checks, run on CPU copies of the index tensors. `position_ok(b, p)` says whether logical
-// position p of request b is a row that may be read or written.
-template <typename index_t, typename PositionOk>
+// Value checks, run on CPU copies of the index tensors (and of the block table, for `rows`).
+// `rows.valid(b, p)` says whether logical position p of request b is a row of the cache.
+template <typename index_t, typename Rows>
 void check_compact_values(const at::Tensor& cache_lens, const at::Tensor& accept_positions,
-                          const at::Tensor& num_accepted, PositionOk position_ok,
+                          const at::Tensor& num_accepted, const Rows& rows,
                           const char* bound_description) {
   const int64_t batch = cache_lens.size(0);
   const int64_t max_accepted = accept_positions.size(1);
@@ -80,9 +110,9 @@ void check_compact_values(const at::Tensor& cache_lens, const at::Tensor& accept
       TORCH_CHECK_VALUE(p >= start, "accept_positions[", b, ", ", i, "] = ", p,
                   " lies in the committed prefix (cache_lens[", b, "] = ", start,
                   "); accepted rows must come from the speculative rows after it");
-      TORCH_CHECK_VALUE(position_ok(b, p), "accept_positions[", b, ", ", i, "] = ", p,
+      TORCH_CHECK_VALUE(rows.valid(b, p), "accept_positions[", b, ", ", i, "] = ", p,
                   " points past the rows written for request ", b, " (", bound_description, ")");
-      TORCH_CHECK_VALUE(position_ok(b, start + i), "destination row ", start + i, " of request ", b,
+      TORCH_CHECK_VALUE(rows.valid(b, start + i), "destination row ", start + i, " of request ", b,
                   " (cache_lens[", b, "] + ", i, ") lies past the cache (", bound_description,
                   ")");
     }
@@ -125,7 +155,7 @@ struct ContiguousGeometry {
 
 inline ContiguousGeometry contiguous_geometry(const at::Tensor& c) {
   const int64_t e = c.element_size();
-  return {{c.stride(0) * e, c.stride(1) * e, c.stride(2) * e},
+  return {{c.stride(0) * e, c.stride(1) * e, c.stride(2) * e, c.size(2)},
           c.size(0), c.size(1), c.size(2), c.size(3) * e};
 }
 
@@ -141,16 +171,12 @@ inline PagedGeometry paged_geometry(const at::Tensor& c) {
           c.stride(0) * e, c.stride(1) * e, c.stride(2) * e};
 }
 
-// Checks a position against a block table (CPU copy): the block must exist and be allocated.
+// Row addressing through a block table (on whatever device `tables` points to).
 template <typename index_t>
-struct PagedPositionCheck {
-  const index_t* tables;
-  int64_t max_blocks, block_size, num_blocks;
-  bool operator()(int64_t b, int64_t p) const {
-    if (p < 0 || p / block_size >= max_blocks) return false;
-    const int64_t block = tables[b * max_blocks + p / block_size];
-    return block >= 0 && block < num_blocks;
-  }
-};
+PagedRows<index_t> paged_rows(const PagedGeometry& g, const index_t* tables, int64_t max_blocks) {
+  return {tables, max_blocks, g.block_size, g.stride_block, g.stride_slot, g.stride_h,
+          g.num_blocks};
+}
+
 
 }  // namespace specdec

@@ -36,13 +36,11 @@ void sample_rows_cpu(const at::Tensor& logits, const ParamPointers& params, int 
     for (int64_t n = begin; n < end; ++n) {
       tokens[n] = -1;
       if (errors[n] != kNoError) continue;
-      const scalar_t* logits_row = base + n * vocab;
-      if (!row_is_valid(logits_row, vocab)) {
+      if (!row.load(base + n * vocab, vocab, mantissa)) {
         errors[n] = encode_error(kErrLogits, n);
         continue;
       }
       const RowParams p = params.at(n);
-      row.load(logits_row, vocab, mantissa);
       row.process(p, /*with_entropy=*/false);
       tokens[n] = row.draw_target(uniforms_at(p.seed, p.offset, 0, kStreamSample).sample);
       if (probs != nullptr) row.write_probs(probs + n * vocab);

@@ -47,8 +47,8 @@ inline void check_logits(const at::Tensor& logits, const char* name, int64_t dim
   TORCH_CHECK_VALUE(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, name,
                     " must be float32, float16 or bfloat16, got ", t);
   TORCH_CHECK_VALUE(logits.is_contiguous(), name, " must be contiguous");
-  TORCH_CHECK_VALUE(logits.size(-1) >= 1, name, " must have a non-empty vocabulary, got shape ",
-                    logits.sizes());
+  TORCH_CHECK_VALUE(logits.size(-1) >= 1 && logits.size(-1) <= 0x7fffffff, name,
+                    " must have a vocabulary of 1 to 2^31 - 1 tokens, got shape ", logits.sizes());
 }
 
 // draft_probs, when given: float32 [B, R, V] matching the logits' vocabulary.

@@ -17,7 +17,7 @@ namespace specdec {
 // Whether a row has no NaN/+Inf and at least one finite value.
 template <typename scalar_t>
 bool row_is_valid(const scalar_t* logits, int64_t vocab) {
-  bool bad = false, finite = false;
+  int bad = 0, finite = 0;
   for (int64_t x = 0; x < vocab; ++x) {
     const float l = static_cast<float>(logits[x]);
     bad |= is_nan_or_pos_inf(l);
@@ -25,6 +25,8 @@ bool row_is_valid(const scalar_t* logits, int64_t vocab) {
   }
   return !bad && finite;
 }
+
+inline bool floats_are_valid(const float* logits, int64_t vocab) { return row_is_valid(logits, vocab); }
 
 // w[x] = exp((l[x] - M) / T) for a whole row (a separate function so the loop vectorises).
 inline void exponentiate(const float* __restrict l, float* __restrict w, int64_t vocab,
@@ -34,24 +36,39 @@ inline void exponentiate(const float* __restrict l, float* __restrict w, int64_t
 
 class CpuRow {
  public:
-  // Copies a (valid) row as float32 and finds its argmax (ties to the lowest id).
+  // Copies a row as float32 and finds its argmax (ties to the lowest id); false (and nothing
+  // else to rely on) when the row has NaN/+Inf or no finite value. Split into simple loops
+  // that g++ vectorises.
   template <typename scalar_t>
-  void load(const scalar_t* logits, int64_t vocab, int mantissa_bits) {
+  bool load(const scalar_t* logits, int64_t vocab, int mantissa_bits) {
     vocab_ = vocab;
     mantissa_bits_ = mantissa_bits;
-    logits_.resize(vocab);
-    float best = static_cast<float>(logits[0]);
-    int64_t arg = 0;
-    for (int64_t x = 0; x < vocab; ++x) {
-      const float l = static_cast<float>(logits[x]);
-      logits_[x] = l;
-      if (l > best) {
-        best = l;
-        arg = x;
-      }
-    }
-    argmax_ = arg;
     greedy_ = true;
+    logits_.resize(vocab);
+    float* l = logits_.data();
+    for (int64_t x = 0; x < vocab; ++x) l[x] = static_cast<float>(logits[x]);
+    if (!floats_are_valid(l, vocab)) return false;
+    float best = l[0];
+    for (int64_t x = 1; x < vocab; ++x) best = l[x] > best ? l[x] : best;
+    int64_t arg = 0;
+    while (l[arg] != best) ++arg;
+    argmax_ = arg;
+    return true;
+  }
+
+  // A greedy row needs only its argmax: no copy (the row must be valid).
+  template <typename scalar_t>
+  void load_greedy(const scalar_t* logits, int64_t vocab) {
+    vocab_ = vocab;
+    greedy_ = true;
+    float best = static_cast<float>(logits[0]);
+    for (int64_t x = 1; x < vocab; ++x) {
+      const float l = static_cast<float>(logits[x]);
+      best = l > best ? l : best;
+    }
+    int64_t arg = 0;
+    while (static_cast<float>(logits[arg]) != best) ++arg;
+    argmax_ = arg;
   }
 
   // Applies temperature, top-k, top-p and min-p (see kernels/sampling.cuh). Greedy rows need
@@ -159,25 +176,45 @@ class CpuRow {
 
  private:
   // Radix select: top-k when top_p_target < 0 (rank preset in s), else top-p among the keys
-  // kept by the current filter_.min_key.
+  // kept by the current filter_.min_key. The first round visits the whole row; later rounds
+  // only the candidates left in the chosen bucket (gathered after each round).
   void radix_rounds(RadixSearch& s, float top_p_target) {
     const bool top_p = top_p_target >= 0.0f;
     const uint32_t floor_key = filter_.min_key;
     const int last_shift = radix_last_shift(mantissa_bits_);
+    keys_.resize(vocab_);
+    for (int64_t x = 0; x < vocab_; ++x) keys_[x] = float_key(logits_[x]);
+    candidates_.clear();
+    bool whole_row = true;
     for (int shift = 24; !s.done; shift -= 8) {
       int64_t counts[kRadixBins] = {};
       double masses[kRadixBins] = {};
-      for (int64_t x = 0; x < vocab_; ++x) {
-        const uint32_t key = float_key(logits_[x]);
-        if (!s.matches(key) || key < floor_key) continue;
-        const int bin = static_cast<int>((key >> shift) & 0xFFu);
+      auto count = [&](int64_t x) {
+        const int bin = static_cast<int>((keys_[x] >> shift) & 0xFFu);
         counts[bin] += 1;
         masses[bin] += weights_[x];
+      };
+      if (whole_row) {
+        for (int64_t x = 0; x < vocab_; ++x)
+          if (keys_[x] >= floor_key) count(x);
+      } else {
+        for (const int32_t x : candidates_) count(x);
       }
       if (top_p) {
         radix_pick_top_p(s, counts, masses, shift, shift == last_shift, top_p_target);
       } else {
         radix_pick_top_k(s, counts, masses, shift, shift == last_shift);
+      }
+      if (s.done) break;
+      if (whole_row) {
+        for (int64_t x = 0; x < vocab_; ++x)
+          if (keys_[x] >= floor_key && s.matches(keys_[x])) candidates_.push_back(static_cast<int32_t>(x));
+        whole_row = false;
+      } else {
+        size_t kept = 0;
+        for (const int32_t x : candidates_)
+          if (s.matches(keys_[x])) candidates_[kept++] = x;
+        candidates_.resize(kept);
       }
     }
   }
@@ -190,6 +227,8 @@ class CpuRow {
   float weighted_log_sum_ = 0.0f;
   std::vector<float> logits_;
   std::vector<float> weights_;
+  std::vector<uint32_t> keys_;        // order-preserving keys of the row (radix select)
+  std::vector<int32_t> candidates_;   // radix select: indices still in the chosen bucket
   const float* draft_probs_ = nullptr;
   int64_t draft_row_shift_ = 0;
 };

@@ -45,6 +45,8 @@ struct NodeScratch {
   std::vector<uint8_t> passed;
   std::vector<int32_t> depth;
   std::vector<int64_t> next_token;
+  std::vector<int64_t> siblings;
+  std::vector<int64_t> last_child;
 
   void reset(int64_t num_nodes) {
     normalisers.assign(num_nodes, 0.0f);
@@ -53,6 +55,21 @@ struct NodeScratch {
     next_token.assign(num_nodes, -1);
   }
 };
+
+// Chains need no preparation; trees get their next-sibling table (one pass over parents).
+inline void prepare_layout(ChainLayout&, NodeScratch&) {}
+
+inline void prepare_layout(TreeLayout& layout, NodeScratch& scratch) {
+  scratch.siblings.assign(layout.num_nodes, -1);
+  scratch.last_child.assign(layout.num_nodes, -1);
+  for (int64_t c = layout.num_nodes - 1; c >= 1; --c) {
+    const int64_t p = layout.parents[c];
+    if (p < 0) continue;
+    scratch.siblings[c] = scratch.last_child[p];
+    scratch.last_child[p] = c;
+  }
+  layout.siblings = scratch.siblings.data();
+}
 
 // Lossless recursive rejection sampling, walking down from the root.
 template <typename scalar_t, typename Layout>
@@ -90,8 +107,12 @@ void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* 
         j == 0 || (scratch.depth[layout.parent(j)] >= 0 && scratch.passed[j] != 0);
     if (!reached) continue;
     scratch.depth[j] = j == 0 ? 0 : scratch.depth[layout.parent(j)] + 1;
-    row.load(logits + j * vocab, vocab, mantissa);
-    row.process(params, /*with_entropy=*/!greedy);
+    if (greedy) {
+      row.load_greedy(logits + j * vocab, vocab);
+    } else {
+      row.load(logits + j * vocab, vocab, mantissa);
+      row.process(params, /*with_entropy=*/true);
+    }
     const float threshold =
         greedy ? 0.0f
                : row.typical_threshold_for(typical.posterior_threshold, typical.posterior_alpha);
@@ -148,7 +169,7 @@ void verify_requests_cpu(const VerifyCall& call, MakeLayout make_layout, int64_t
     NodeScratch scratch;
     for (int64_t b = begin; b < end; ++b) {
       if (errors[b] != kNoError) continue;
-      const auto layout = make_layout(b);
+      auto layout = make_layout(b);
       const scalar_t* logits_b = logits + b * rows * vocab;
       for (int64_t j = 0; j < rows; ++j) {
         if (layout.is_node(j) && !row_is_valid(logits_b + j * vocab, vocab)) {
@@ -162,6 +183,7 @@ void verify_requests_cpu(const VerifyCall& call, MakeLayout make_layout, int64_t
           draft_probs == nullptr ? nullptr : draft_probs + b * draft_rows * vocab,
           draft_row_shift);
       scratch.reset(rows);
+      prepare_layout(layout, scratch);
       const RequestOutput out{tokens + b * tokens_cols, nodes == nullptr ? nullptr : nodes + b * rows,
                               num_accepted + b};
       if (p.greedy() || call.mode == VerifyMode::kTypical) {

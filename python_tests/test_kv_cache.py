@@ -117,6 +117,15 @@ def test_compact_zero_accepted_is_a_no_op(device, gen):
     assert all(torch.equal(a, b) for a, b in zip(caches, before))
 
 
+def test_compact_zero_heads_advances_lens(device):
+    """H = 0: no rows to move (and no empty CUDA grid); the lengths still advance."""
+    caches = [torch.zeros(2, 0, 9, 64, device=device)]
+    lens = torch.tensor([3, 4], device=device)
+    positions = torch.tensor([[5, 3], [4, -1]], device=device)
+    ops.compact_kv_cache_(caches, lens, positions, torch.tensor([2, 1], device=device))
+    assert lens.tolist() == [5, 5]
+
+
 def random_block_tables(batch, max_blocks, num_blocks, allocated, gen):
     """Disjoint random physical blocks; request b owns its first allocated[b] logical blocks."""
     perm = torch.randperm(num_blocks, generator=gen)
@@ -304,13 +313,17 @@ def test_compact_rejects_bad_caches(device):
         "has shape": [torch.zeros(2, 3, 8, 40, device=device), torch.zeros(2, 3, 9, 40, device=device)],
         "has dtype": [torch.zeros(2, 3, 8, 40, device=device), torch.zeros(2, 3, 8, 40, device=device).half()],
         "contiguous in its last": [torch.zeros(2, 3, 40, 8, device=device).transpose(2, 3)] * 1,
-        "aliases": [good["caches"][0], good["caches"][0]],
+        "overlaps": [good["caches"][0], good["caches"][0]],
+        "overlapping elements": [torch.zeros(1, 3, 8, 40, device=device).expand(2, 3, 8, 40)],
         "4-D": [torch.zeros(2, 3, 8, device=device)],
         "at least one": [],
     }
     for message, caches in cases.items():
         with pytest.raises(ValueError, match=message):
             ops.compact_kv_cache_(**{**good, "caches": caches})
+    shared = torch.zeros(2, 3, 9, 40, device=device)
+    with pytest.raises(ValueError, match="overlaps"):  # two views one row apart
+        ops.compact_kv_cache_(**{**good, "caches": [shared[:, :, :8], shared[:, :, 1:]]})
     with pytest.raises(ValueError, match="stacked cache"):
         ops.compact_kv_cache_(**{**good, "caches": torch.zeros(2, 2, 2, 3, 8, device=device)[0]})
 

@@ -7,6 +7,10 @@ mask, or HF's eager attention, whichever is less accurate), plus a tiny absolute
 where both errors are rounding-level.
 """
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -207,6 +211,42 @@ def test_empty_shapes(device):
                              torch.zeros(0, 2, 5, 64, device=device), torch.zeros(0, dtype=torch.int64, device=device),
                              torch.zeros(0, 3, 1, dtype=torch.int32, device=device))
     assert out.shape == (0, 3, 4, 64)
+    # Hq = 0 passes the divisibility check; no query rows, nothing to launch.
+    out = ops.tree_attention(torch.zeros(2, 3, 0, 64, device=device), k, k,
+                             torch.tensor([1, 2], device=device),
+                             torch.zeros(2, 3, 1, dtype=torch.int32, device=device))
+    assert out.shape == (2, 3, 0, 64)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_cuda_kernels_of_one_dtype_in_any_order():
+    """Each CUDA kernel raises its own shared-memory limit. In a fresh process (the limits are
+    per-process state): the largest tensor-core kernel first (D = 128), then kernels of the same
+    dtype that need less but still more than the 48 KiB default (tensor-core D = 64, and the SIMT
+    kernel for unaligned D = 128 caches)."""
+    code = """if True:
+        import torch
+        from python_tests.test_tree_attention import assert_flash_rule, make_case
+        from specdec_kernels import ops
+
+        def unaligned(t):
+            storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+            return storage[1:].view_as(t).copy_(t)
+
+        gen = torch.Generator().manual_seed(0)
+        for dim, shift in ((128, False), (64, False), (128, True)):
+            q, k, v, lens, packed = make_case(gen, "cuda", torch.float16, batch=2, tokens=9,
+                                              q_heads=4, kv_heads=2, head_dim=dim,
+                                              cache_lens=[30, 70])
+            if shift:
+                k, v = unaligned(k), unaligned(v)
+            out = ops.tree_attention(q, k, v, lens, packed)
+            torch.cuda.synchronize()
+            assert_flash_rule(out, q, k, v, lens, packed, dim**-0.5)
+    """
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # ----------------------------------------------------------------------------- opcheck, compile

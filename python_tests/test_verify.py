@@ -7,10 +7,12 @@ import math
 import pytest
 import torch
 
-from python_tests.conftest import FLOAT_DTYPES
+from python_tests.conftest import DEVICES, FLOAT_DTYPES
 from python_tests.sampling_cases import (
     SEED_ACCEPT_U0_POS1,
     SEED_ACCEPT_U_MAX_POS1,
+    SEED_SAMPLE_U0_POS0,
+    SEED_SAMPLE_U_MAX_POS0,
     random_chain,
     random_logits,
     random_params,
@@ -281,6 +283,27 @@ def test_uniform_zero_and_near_one(device):
     assert one_step(device, target, None, 1, SEED_ACCEPT_U_MAX_POS1)[1] == 0  # p(1) < u
 
 
+def test_sampling_uniform_zero_and_near_one_pick_the_ends_of_the_kept_set(device):
+    """The next token with u = 0 is the lowest-id token of positive probability, with
+    u = 1 - 2^-24 the highest; filtered tokens at either end are never drawn. The same holds for
+    a residual after a rejection."""
+    assert reference.uniforms(SEED_SAMPLE_U0_POS0, 0, 0, reference.STREAM_VERIFY)[1] == 0.0
+    assert reference.uniforms(SEED_SAMPLE_U_MAX_POS0, 0, 0, reference.STREAM_VERIFY)[1] == 1 - 2.0**-24
+    logits = torch.tensor([[[-9.0, 2.0, 0.5, 3.0, 1.0, -8.0]]], device=device)
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=device)
+    for seed, want in [(SEED_SAMPLE_U0_POS0, 1), (SEED_SAMPLE_U_MAX_POS0, 4)]:
+        params = SamplingParams.create(1, temperature=1.0, top_k=4, seed=seed, device=device)
+        assert ops.verify_chain(empty, None, logits, None, params)[0].item() == want
+    # A rejected one-hot draft of token 1 leaves the residual on tokens 2, 3 and 4 (top-k 4).
+    two_rows = torch.cat([logits, torch.zeros_like(logits)], 1)
+    draft = torch.tensor([[1]], device=device)
+    for seed, want in [(SEED_SAMPLE_U0_POS0, 2), (SEED_SAMPLE_U_MAX_POS0, 4)]:
+        params = SamplingParams.create(1, temperature=1.0, top_k=4, seed=seed, device=device)
+        assert reference.uniforms(seed, 0, 1, reference.STREAM_VERIFY)[0] > 0.5  # p(1) ~ 0.23: rejected
+        tokens, n = ops.verify_chain(draft, None, two_rows, None, params)
+        assert n.item() == 0 and tokens[0, 0].item() == want
+
+
 def test_all_zero_residual_falls_back_to_p(device, gen):
     """q = 1.5 p everywhere: max(0, p - q) is all zero, acceptance is p/q = 2/3; after a
     rejection the next token must come from p (never an uninitialised id)."""
@@ -502,3 +525,33 @@ def test_tree_rejects_bad_tokens_but_ignores_padding_and_root(device):
         tree_call(device, [-1, 0, 1], tokens=[0, 1, 5])
     nodes, tokens, n = tree_call(device, [-1, 0, -2], tokens=[-9, 1, 99])  # root and padding unread
     assert int(tokens[0, int(n[0])]) in range(5)
+
+
+# ----------------------------------------------------------------------------- CUDA graphs
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_cuda_graph_capture_and_errors_under_capture():
+    """The ops capture into a CUDA graph (no host synchronisation); under capture a request with
+    NaN logits cannot raise, and gets num_accepted 0 and tokens -1 instead."""
+    gen = torch.Generator().manual_seed(11)
+    drafts, num_draft, logits, probs = random_chain(8, 4, 1000, torch.bfloat16, gen, "cuda")
+    params = random_params(8, gen, "cuda")
+    offset = torch.arange(8, device="cuda")
+    want = ops.verify_chain(drafts, num_draft, logits, probs, params, offset)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up outside capture
+        ops.verify_chain(drafts, num_draft, logits, probs, params, offset)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = ops.verify_chain(drafts, num_draft, logits, probs, params, offset)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same(got, want)
+    logits[3, 0, 5] = float("nan")  # row 0 is always used
+    graph.replay()
+    torch.cuda.synchronize()
+    assert got[1][3].item() == 0 and (got[0][3] == -1).all()
+    keep = torch.arange(8, device="cuda") != 3
+    assert torch.equal(got[0][keep], want[0][keep]) and torch.equal(got[1][keep], want[1][keep])

@@ -6,7 +6,7 @@ ops work under ``torch.compile``. Typed wrappers live in :mod:`specdec_kernels.o
 executable specification of every op in :mod:`specdec_kernels.reference`.
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension needs it)
+import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
 from specdec_kernels import ops

@@ -175,8 +175,8 @@ def _rollback_paged_kv_cache_fake(block_tables, cache_lens, new_lens, block_size
 # sampling.cuh, philox.cuh, verify.cuh; executable spec: specdec_kernels.reference):
 #
 # * Processed distribution p of a row of logits l[0..V) (float32 arithmetic): temperature 0 is
-#   greedy (one-hot at argmax, ties to the lowest id). Otherwise w(x) = exp((l(x) - max l) / T)
-#   (a fixed float32 exp shared by every implementation), then top-k keeps l(x) >= the k-th
+#   greedy (one-hot at argmax, ties to the lowest id). Otherwise w(x) = exp((l(x) - max l) *
+#   (1 / T)) (a fixed float32 exp shared by every implementation), then top-k keeps l(x) >= the k-th
 #   largest logit (ties kept), top-p keeps, among those, l(x) >= the largest logit whose
 #   mass-at-or-above reaches top_p of their mass, min-p keeps w(x) >= min_p;
 #   p(x) = w(x) / (kept mass) on kept tokens. No vocabulary sort: thresholds come from a radix
@@ -192,9 +192,15 @@ def _rollback_paged_kv_cache_fake(block_tables, cache_lens, new_lens, block_size
 # * Errors (ValueError naming the request): invalid parameters, num_draft outside [0, K],
 #   malformed trees, draft ids outside [0, V), draft_probs at the drafted token outside [0, 1],
 #   NaN/+Inf logits or a row without a finite value (-Inf is allowed) in any row the request
-#   owns. On CUDA they are detected on the device and raised after the kernel, except while a
-#   CUDA graph is being captured: then no check is possible, and a request with an error gets
-#   num_accepted = 0 and all tokens -1.
+#   owns (chain: rows 0..num_draft[b]; tree: non-padding nodes), whatever the random decisions.
+#   On CUDA they are detected on the device and raised after the kernel (one small copy to the
+#   host), except while a CUDA graph is being captured: then no check is possible, and a
+#   request with an error gets num_accepted = 0 and all tokens -1.
+# * Agreement: CPU and reference compute bit-identical weights and accumulate long sums in
+#   double (mostly in the same order), so their decisions agree (a difference needs a double
+#   sum within ~1e-16 of a float32 rounding boundary); CUDA sums in float/double in another
+#   order, so a decision can differ only when a uniform lands within float32 rounding of its
+#   threshold (probability ~1e-7 per decision).
 
 
 def _offsets(offset: Optional[Tensor], batch: int, device) -> Tensor:
@@ -300,7 +306,8 @@ def verify_chain(
     draft_probs : Tensor, optional
         ``[B, K, V]`` float32: the distribution each draft was sampled from (e.g. from
         :func:`sample_with_probs`). ``None`` for deterministic drafters (n-gram, lookup): q is
-        one-hot at the draft.
+        one-hot at the draft. Only the drafted token's entry is validated (in ``[0, 1]``); the
+        rest is trusted to be a distribution (a NaN entry gives its token no residual mass).
     params : SamplingParams
         ``[B]`` per-request parameters, applied to the target logits (and assumed to be what
         produced ``draft_probs``).

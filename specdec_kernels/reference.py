@@ -233,12 +233,12 @@ class ProcessedRow:
         kept = torch.ones(vocab, dtype=torch.bool)
         top_k_mass = _total(w)
         if 0 < top_k < vocab:
-            kth = l.sort(descending=True).values[top_k - 1]
+            kth = torch.topk(l, top_k).values[-1]  # the top_k-th largest logit
             kept &= l >= kth
             top_k_mass = _F32(w[kept].double().sum().item())
         if _F32(top_p) < 1:
-            order = torch.argsort(torch.where(kept, l, -float("inf")), descending=True, stable=True)
-            order = order[: int(kept.sum())]
+            candidates = kept.nonzero().flatten()
+            order = candidates[torch.argsort(l[candidates], descending=True, stable=True)]
             cumulative = torch.cumsum(w[order], 0)
             target = _F32(top_p) * top_k_mass
             reached = (cumulative >= torch.tensor(target)).nonzero()

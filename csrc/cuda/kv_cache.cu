@@ -44,18 +44,24 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
                     const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
   const int64_t max_accepted = accept_positions.size(1);
   auto stream = c10::cuda::getCurrentCUDAStream();
-  if (batch > 0 && max_accepted > 0 && row_bytes > 0) {
+  // No rows to move (also H = 0, which would make an empty grid): only the lengths advance.
+  if (batch > 0 && heads > 0 && max_accepted > 0 && row_bytes > 0) {
     TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
                 max_accepted, " is too large: at most ", kStagingBytes / width,
                 " accepted rows per request for this row width");
     int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
     chunk -= chunk % width;
+    const int64_t blocks = static_cast<int64_t>(caches.size()) * batch * heads;
+    TORCH_CHECK_VALUE(blocks <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
+                "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
+                " rows of ", row_bytes, " bytes with accept_positions.size(1) = ", max_accepted,
+                " exceeds the CUDA grid limits");
     CacheTensorTable table{};
     for (size_t i = 0; i < caches.size(); ++i) table.base[i] = static_cast<char*>(caches[i].data_ptr());
     const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
                              static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
                              chunk};
-    const dim3 grid(static_cast<unsigned>(caches.size() * batch * heads),
+    const dim3 grid(static_cast<unsigned>(blocks),
                     static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
     const size_t smem = static_cast<size_t>(max_accepted * chunk);
     const index_t* positions = accept_positions.const_data_ptr<index_t>();
@@ -91,11 +97,9 @@ void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cuda", [&] {
     if (!capturing_graph()) {
-      const int64_t capacity = g.capacity;
-      check_compact_values<index_t>(
-          cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
-          [capacity](int64_t, int64_t p) { return p >= 0 && p < capacity; },
-          "positions must be < S, the cache's capacity");
+      check_compact_values<index_t>(cache_lens.cpu(), accept_positions.cpu(),
+                                    num_accepted.cpu(), g.rows,
+                                    "positions must be < S, the cache's capacity");
     }
     const int width = vector_width(
         caches, {g.row_bytes, g.rows.stride_b, g.rows.stride_h, g.rows.stride_s});
@@ -123,16 +127,11 @@ void compact_paged_kv_cache_cuda(at::TensorList caches, const at::Tensor& block_
       const at::Tensor tables_cpu = block_tables.cpu();
       check_compact_values<index_t>(
           cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
-          PagedPositionCheck<index_t>{tables_cpu.const_data_ptr<index_t>(), max_blocks,
-                                      g.block_size, g.num_blocks},
+          paged_rows(g, tables_cpu.const_data_ptr<index_t>(), max_blocks),
           "its block must be allocated in block_tables");
     }
-    const PagedRows<index_t> rows{block_tables.const_data_ptr<index_t>(),
-                                  max_blocks,
-                                  g.block_size,
-                                  g.stride_block,
-                                  g.stride_slot,
-                                  g.stride_h};
+    const PagedRows<index_t> rows =
+        paged_rows(g, block_tables.const_data_ptr<index_t>(), max_blocks);
     const int width = vector_width(
         caches, {g.row_bytes, g.stride_block, g.stride_slot, g.stride_h});
     launch_compact<index_t>(caches, rows, batch, g.heads, g.row_bytes, width, cache_lens,

@@ -36,11 +36,17 @@ bool rows_aligned(const at::Tensor& logits) {
   return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
 }
 
-// Threads per row team: enough for the row's chunks, a multiple of 32, at most 512.
+// Threads per row team: enough for the row's chunks, a multiple of 32, at most kMaxTeamThreads.
 int team_threads(int64_t chunks) {
   int threads = 32;
-  while (threads < 512 && threads < chunks) threads *= 2;
+  while (threads < kMaxTeamThreads && threads < chunks) threads *= 2;
   return threads;
+}
+
+// One block per row (sample) or per (request, node) (verify): the grid's x limit.
+void check_grid(int64_t blocks, const char* what) {
+  TORCH_CHECK_VALUE(blocks <= 0x7fffffff, what, " = ", blocks,
+                    " exceeds the 2^31 - 1 blocks one launch can have");
 }
 
 ParamsView params_view(const ParamTensors& p) {
@@ -94,6 +100,7 @@ std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
       at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
   at::Tensor errors = at::empty({rows}, logits.options().dtype(at::kLong));
   if (rows == 0) return {tokens, probs};
+  check_grid(rows, "N (rows of logits)");
   const ParamsView view = params_view(params);
   const int mantissa = mantissa_bits(logits.scalar_type());
   dispatch_logits(logits, [&](auto type_tag, auto vec_tag) {
@@ -132,11 +139,12 @@ std::tuple<at::Tensor, at::Tensor> sample_with_probs_cuda(
 
 // Workspace of one verify call, [B, R] per field (errors and counters [B]).
 struct Workspace {
-  at::Tensor accepted_child, next_token, normalisers, passed, depth, errors, counters;
+  at::Tensor accepted_child, next_token, siblings, normalisers, passed, depth, errors, counters;
 
   Workspace(int64_t batch, int64_t rows, const at::TensorOptions& options)
       : accepted_child(at::empty({batch, rows}, options.dtype(at::kLong))),
         next_token(at::empty({batch, rows}, options.dtype(at::kLong))),
+        siblings(at::empty({batch, rows}, options.dtype(at::kLong))),
         normalisers(at::empty({batch, rows}, options.dtype(at::kFloat))),
         passed(at::empty({batch, rows}, options.dtype(at::kByte))),
         depth(at::empty({batch, rows}, options.dtype(at::kInt))),
@@ -146,6 +154,7 @@ struct Workspace {
   void fill(VerifyArgs& a) {
     a.accepted_child = accepted_child.mutable_data_ptr<int64_t>();
     a.next_token = next_token.mutable_data_ptr<int64_t>();
+    a.siblings = siblings.mutable_data_ptr<int64_t>();
     a.normalisers = normalisers.mutable_data_ptr<float>();
     a.passed = passed.mutable_data_ptr<uint8_t>();
     a.depth = depth.mutable_data_ptr<int32_t>();
@@ -157,6 +166,7 @@ struct Workspace {
 template <bool kTree>
 void launch_verify(VerifyArgs& args, const at::Tensor& target_logits) {
   if (args.batch * args.rows == 0) return;
+  check_grid(args.batch * args.rows, "B * (K + 1) or B * T");
   dispatch_logits(target_logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;

@@ -127,8 +127,11 @@ int64_t choose_split_keys(int64_t base_ctas, int64_t max_keys, int ctas_per_sm, 
 
 // Raises a kernel's dynamic shared-memory limit when it needs more than before on this device
 // (once per kernel and size in practice, so graph capture normally sees no attribute calls).
-template <typename kernel_t>
-void set_dynamic_smem(kernel_t kernel, int64_t bytes, int device) {
+// The kernel is a template argument so that each kernel keeps its own record: the kernels of one
+// dtype pair (every head dim of the MMA kernel, and the SIMT kernel) share a function-pointer
+// type, and a record keyed on that type would skip the attribute for a kernel never raised.
+template <auto kernel>
+void set_dynamic_smem(int64_t bytes, int device) {
   static int64_t granted[kMaxDevices] = {};
   if (bytes <= granted[device]) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -142,10 +145,10 @@ void launch_tree_attention_mma(const TreeAttentionParams<scalar_t, index_t>& p, 
                                cudaStream_t stream, int device) {
   auto launch = [&](auto dim_tag) {
     constexpr int kDim = decltype(dim_tag)::value;
-    auto kernel = tree_attention_mma_kernel<scalar_t, index_t, kDim>;
     const int64_t smem = MmaSmemLayout<kDim>::bytes;
-    set_dynamic_smem(kernel, smem, device);
-    kernel<<<grid, kTreeAttentionThreads, smem, stream>>>(p);
+    set_dynamic_smem<tree_attention_mma_kernel<scalar_t, index_t, kDim>>(smem, device);
+    tree_attention_mma_kernel<scalar_t, index_t, kDim>
+        <<<grid, kTreeAttentionThreads, smem, stream>>>(p);
   };
   switch (p.head_dim) {
     case 64: launch(std::integral_constant<int, 64>{}); break;
@@ -180,10 +183,9 @@ void launch_tree_attention(TreeAttentionParams<scalar_t, index_t> p, bool mma, i
     if (mma) launch_tree_attention_mma(p, grid, stream, device);
   }
   if (!mma) {
-    auto kernel = tree_attention_simt_kernel<scalar_t, index_t>;
     const int64_t smem = simt_smem_floats(p.head_dim) * static_cast<int64_t>(sizeof(float));
-    set_dynamic_smem(kernel, smem, device);
-    kernel<<<grid, kTreeAttentionThreads, smem, stream>>>(p);
+    set_dynamic_smem<tree_attention_simt_kernel<scalar_t, index_t>>(smem, device);
+    tree_attention_simt_kernel<scalar_t, index_t><<<grid, kTreeAttentionThreads, smem, stream>>>(p);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.num_splits > 1) {
@@ -203,7 +205,9 @@ at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
   at::Tensor out = at::empty({s.batch, s.tokens, s.q_heads, s.head_dim}, q.options());
   TORCH_CHECK_VALUE(s.head_dim <= kMaxCudaHeadDim, "tree_attention on CUDA supports head dims up to ",
                     kMaxCudaHeadDim, ", got ", s.head_dim);
-  if (s.batch == 0 || s.tokens == 0) return out;
+  // No query rows (also Hq = 0, which passes the divisibility check): nothing to launch, and
+  // the split heuristic would divide by a zero CTA count.
+  if (s.batch == 0 || s.tokens == 0 || s.q_heads == 0) return out;
   const bool mma = use_mma_kernel(q, k_cache, v_cache, s.head_dim);
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "tree_attention_cuda", [&] {
     // Without a host check (graph capture) every prefix may be as long as the cache allows.

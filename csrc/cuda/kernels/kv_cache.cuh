@@ -16,6 +16,12 @@ struct ContiguousRows {
   int64_t stride_b;
   int64_t stride_h;
   int64_t stride_s;
+  int64_t capacity;  // S
+
+  template <typename index_t>
+  SPECDEC_HD bool valid(int64_t, index_t position) const {
+    return position >= 0 && static_cast<int64_t>(position) < capacity;
+  }
 
   template <typename index_t>
   SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
@@ -33,6 +39,14 @@ struct PagedRows {
   int64_t stride_block;
   int64_t stride_slot;
   int64_t stride_h;
+  int64_t num_blocks;
+
+  SPECDEC_HD bool valid(int64_t b, index_t position) const {
+    const int64_t p = static_cast<int64_t>(position);
+    if (p < 0 || p / block_size >= max_blocks) return false;
+    const int64_t block = static_cast<int64_t>(block_tables[b * max_blocks + p / block_size]);
+    return block >= 0 && block < num_blocks;
+  }
 
   SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
     const int64_t p = static_cast<int64_t>(position);
@@ -62,6 +76,9 @@ struct CompactShape {
 // grid.x = num_tensors * batch * num_heads, grid.y = row chunks; dynamic shared memory holds
 // max_accepted * chunk_bytes. Each block gathers its rows into shared memory, then scatters
 // them: no destination is written before every source is read, so overlap is harmless.
+// Inputs are validated on the host before launch, except under CUDA-graph capture; there the
+// kernel still stays in bounds: counts are clamped to max_accepted and rows whose source or
+// destination lies outside the cache are skipped.
 template <typename vec_t, typename index_t, typename Rows>
 __global__ void compact_kv_rows_kernel(CacheTensorTable tensors, Rows rows, CompactShape shape,
                                        const index_t* __restrict__ accept_positions,
@@ -73,7 +90,7 @@ __global__ void compact_kv_rows_kernel(CacheTensorTable tensors, Rows rows, Comp
   const int64_t h = blockIdx.x % shape.num_heads;
   const int64_t b = (blockIdx.x / shape.num_heads) % shape.batch;
   const int64_t t = blockIdx.x / (static_cast<int64_t>(shape.num_heads) * shape.batch);
-  const int n = static_cast<int>(num_accepted[b]);
+  const int n = min(static_cast<int>(num_accepted[b]), shape.max_accepted);
   if (n <= 0) return;
 
   const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * shape.chunk_bytes;
@@ -85,17 +102,20 @@ __global__ void compact_kv_rows_kernel(CacheTensorTable tensors, Rows rows, Comp
   char* base = tensors.base[t] + chunk_begin;
   const index_t* positions = accept_positions + b * shape.max_accepted;
 
-  for (int k = threadIdx.x; k < total; k += blockDim.x) {
-    const int i = k / vecs_per_row;
-    const int v = k - i * vecs_per_row;
-    staging[k] = reinterpret_cast<const vec_t*>(base + rows.offset(b, h, positions[i]))[v];
-  }
-  __syncthreads();
   const index_t dst_start = cache_lens[b];
   for (int k = threadIdx.x; k < total; k += blockDim.x) {
     const int i = k / vecs_per_row;
     const int v = k - i * vecs_per_row;
-    reinterpret_cast<vec_t*>(base + rows.offset(b, h, dst_start + i))[v] = staging[k];
+    if (rows.valid(b, positions[i]))
+      staging[k] = reinterpret_cast<const vec_t*>(base + rows.offset(b, h, positions[i]))[v];
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < total; k += blockDim.x) {
+    const int i = k / vecs_per_row;
+    const int v = k - i * vecs_per_row;
+    const index_t dst = dst_start + static_cast<index_t>(i);
+    if (rows.valid(b, positions[i]) && rows.valid(b, dst))
+      reinterpret_cast<vec_t*>(base + rows.offset(b, h, dst))[v] = staging[k];
   }
 }
 

@@ -33,6 +33,7 @@
 
 namespace specdec {
 
+constexpr int kMaxTeamThreads = 512;  // threads per block (one row team)
 constexpr int kMaxWarps = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
@@ -150,6 +151,29 @@ __device__ int64_t block_argmax(float value, int64_t index, RowShared& sh) {
   return arg;
 }
 
+// Adds (1, w) to bin `bin` of a shared histogram for every lane with `counted`, one atomic per
+// distinct bin per warp (the lanes of a warp mostly share a bin in the first radix round).
+// Every lane of the warp must call it.
+__device__ __forceinline__ void warp_histogram_add(bool counted, int bin, float w,
+                                                   uint32_t* counts, float* masses) {
+  const int lane = threadIdx.x % 32;
+  unsigned remaining = __ballot_sync(kFullMask, counted);
+  while (remaining != 0) {
+    const int leader = __ffs(remaining) - 1;
+    const int leader_bin = __shfl_sync(kFullMask, bin, leader);
+    const bool mine = counted && bin == leader_bin;
+    const unsigned peers = __ballot_sync(kFullMask, mine);
+    float sum = mine ? w : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
+    if (lane == leader) {
+      atomicAdd(&counts[leader_bin], static_cast<uint32_t>(__popc(peers)));
+      atomicAdd(&masses[leader_bin], sum);
+    }
+    remaining &= ~peers;
+  }
+}
+
 // Exclusive prefix sum over the block in thread order; `total` receives the block's sum.
 __device__ double block_exclusive_scan(double v, double& total, RowShared& sh) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -193,11 +217,23 @@ struct BlockRow {
 
   __device__ int64_t num_chunks() const { return vocab / VEC; }
 
-  // body(x0, vals): every chunk of VEC elements once, in no particular order.
+  // body(x0, vals): every chunk of VEC elements once; each thread sees its chunks in increasing
+  // order (the argmax tie-break relies on it). kUnroll loads are issued before any is used, to
+  // keep enough bytes in flight per SM.
   template <typename Body>
   __device__ void for_each_chunk(const Body& body) const {
+    constexpr int kUnroll = 4;
     const int64_t chunks = num_chunks();
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const int64_t stride = blockDim.x;
+    int64_t c = threadIdx.x;
+    for (; c + (kUnroll - 1) * stride < chunks; c += kUnroll * stride) {
+      float vals[kUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) load_floats<T, VEC>(logits + (c + u * stride) * VEC, vals[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) body((c + u * stride) * VEC, vals[u]);
+    }
+    for (; c < chunks; c += stride) {
       float vals[VEC];
       load_floats<T, VEC>(logits + c * VEC, vals);
       body(c * VEC, vals);
@@ -291,16 +327,22 @@ struct BlockRow {
       }
       __syncthreads();
       const uint32_t prefix = search.prefix, mask = search.mask;
-      for_each_chunk([&](int64_t, const float (&l)[VEC]) {
+      // Warp-uniform trip count, so whole warps take part in the aggregated histogram adds.
+      const int64_t chunks = num_chunks();
+      const int64_t trips = (chunks + blockDim.x - 1) / blockDim.x;
+      for (int64_t trip = 0; trip < trips; ++trip) {
+        const int64_t c = trip * blockDim.x + threadIdx.x;
+        float l[VEC] = {};
+        if (c < chunks) load_floats<T, VEC>(logits + c * VEC, l);
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
           const uint32_t key = float_key(l[i]);
-          if ((key & mask) != prefix || key < floor_key) continue;
+          const bool counted = c < chunks && (key & mask) == prefix && key >= floor_key;
           const int bin = static_cast<int>((key >> shift) & 0xFFu);
-          atomicAdd(&sh.counts[bin], 1u);
-          atomicAdd(&sh.masses[bin], f.raw_weight(l[i]));
+          warp_histogram_add(counted, bin, counted ? f.raw_weight(l[i]) : 0.0f, sh.counts,
+                             sh.masses);
         }
-      });
+      }
       __syncthreads();
       if (top_p) {
         radix_pick_top_p(search, sh.counts, sh.masses, shift, shift == last_shift, top_p_target);
@@ -365,6 +407,7 @@ struct BlockRow {
       }
       __syncthreads();
       const unsigned long long found = sh.found;
+      __syncthreads();  // every thread has read `found` before anything reuses it
       if (found != ~0ull) return static_cast<int64_t>(found);
       running += tile_total;
     }
@@ -428,7 +471,7 @@ struct ParamsView {
 // grid.x = rows; writes tokens[n] (-1 on error), probs[n, :] when probs != nullptr (zeros on
 // error) and errors[n] (kNoError or the row's error code).
 template <typename T, int VEC>
-__global__ void sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa,
+__global__ void __launch_bounds__(kMaxTeamThreads) sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa,
                               ParamsView params, int64_t* __restrict__ tokens,
                               float* __restrict__ probs, unsigned long long* __restrict__ errors) {
   __shared__ RowShared sh;
@@ -475,6 +518,7 @@ struct VerifyArgs {
   // workspace, [B, R] each (errors and counters [B], initialised to all ones and zeros)
   int64_t* accepted_child;
   int64_t* next_token;
+  int64_t* siblings;
   float* normalisers;
   uint8_t* passed;
   int32_t* depth;
@@ -553,7 +597,12 @@ template <typename T, int VEC, bool kTree>
 __device__ uint64_t decide_node(const VerifyArgs& a, int64_t b, int64_t j, const RowParams& p,
                                 RowShared& sh) {
   using Layout = typename LayoutOf<kTree>::type;
-  const Layout layout = LayoutOf<kTree>::make(a, b);
+  Layout layout = LayoutOf<kTree>::make(a, b);
+  if constexpr (kTree) {  // node j's children are walked once per token: cache their order
+    if (threadIdx.x == 0) cache_siblings(layout, j, a.siblings + b * a.rows);
+    __syncthreads();
+    layout.siblings = a.siblings + b * a.rows;
+  }
   const T* logits = static_cast<const T*>(a.logits) + (b * a.rows + j) * a.vocab;
   BlockRow<T, VEC> row(logits, a.vocab, a.mantissa_bits, sh);
   const bool longest_path = p.greedy() || a.typical;
@@ -628,7 +677,7 @@ __device__ void assemble_request(const VerifyArgs& a, int64_t b, const RowParams
 // grid.x = B * R blocks: block (b, j) decides node j of request b; the last block of each
 // request assembles its outputs.
 template <typename T, int VEC, bool kTree>
-__global__ void verify_kernel(VerifyArgs a) {
+__global__ void __launch_bounds__(kMaxTeamThreads) verify_kernel(VerifyArgs a) {
   __shared__ RowShared sh;
   __shared__ bool is_last;
   const int64_t b = blockIdx.x / a.rows;

@@ -57,15 +57,20 @@ struct ChainLayout {
 };
 
 // Request b of verify_tree: tree_tokens[b] and parents[b] (validated: parents[j] < j).
+// Children are found by scanning parents; `siblings` (when set) caches next_sibling for the
+// children a caller will walk many times (once per token in the residual passes).
 struct TreeLayout {
   const int64_t* tokens;   // [T]
   const int64_t* parents;  // [T]; -1 at the root, -2 on padding nodes
   int64_t num_nodes;       // T
+  const int64_t* siblings = nullptr;  // [T]: next sibling of each cached child, -1 after the last
 
   SPECDEC_HD bool is_node(int64_t j) const { return parents[j] != -2; }
   SPECDEC_HD int64_t parent(int64_t c) const { return parents[c]; }
   SPECDEC_HD int64_t first_child(int64_t j) const { return child_from(j, j + 1); }
-  SPECDEC_HD int64_t next_sibling(int64_t c) const { return child_from(parents[c], c + 1); }
+  SPECDEC_HD int64_t next_sibling(int64_t c) const {
+    return siblings != nullptr ? siblings[c] : child_from(parents[c], c + 1);
+  }
   SPECDEC_HD int64_t token(int64_t c) const { return tokens[c]; }
   SPECDEC_HD int64_t draft_row(int64_t c) const { return c; }
 
@@ -75,6 +80,17 @@ struct TreeLayout {
     return -1;
   }
 };
+
+// Fills siblings[c] = next_sibling(c) for every child c of node j (a single scan).
+SPECDEC_HD void cache_siblings(const TreeLayout& layout, int64_t j, int64_t* siblings) {
+  int64_t previous = -1;
+  for (int64_t c = j + 1; c < layout.num_nodes; ++c) {
+    if (layout.parents[c] != j) continue;
+    if (previous >= 0) siblings[previous] = c;
+    previous = c;
+  }
+  if (previous >= 0) siblings[previous] = -1;
+}
 
 // Structural check of node j of a tree (parents of one request); kErrNone if fine. Every
 // non-padding node checking its own entry rules out cycles, second roots and padding parents.
