@@ -6,6 +6,8 @@ ops work under ``torch.compile``. Typed wrappers live in :mod:`specdec_kernels.o
 executable specification of every op in :mod:`specdec_kernels.reference`.
 """
 
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
 from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
 from specdec_kernels import ops
 from specdec_kernels._build import build_info, has_cuda_kernels

@@ -1,0 +1,47 @@
+"""Turn a pytest-benchmark JSON file into a Markdown table (one row per benchmark).
+
+    python3 -m bench.summarize results.json > table.md
+"""
+
+import json
+import sys
+
+
+def rows(report):
+    for bench in report["benchmarks"]:
+        stats = bench["stats"]
+        extra = bench.get("extra_info", {})
+        shown = {k: v for k, v in extra.items() if k != "bytes"}
+        yield (
+            bench.get("group") or "",
+            bench["name"].split("::")[-1],
+            f"{stats['median'] * 1e6:,.1f}",
+            f"{stats['iqr'] * 1e6:,.1f}",
+            str(stats["rounds"]),
+            ", ".join(f"{k} {v}" for k, v in shown.items()),
+        )
+
+
+def markdown(report) -> str:
+    machine = report.get("machine_info", {})
+    lines = [
+        f"Machine: {machine.get('cpu', {}).get('brand_raw', '?')}, "
+        f"{machine.get('python_implementation', '')} {machine.get('python_version', '')}",
+        "",
+        "| group | benchmark | median (µs) | IQR (µs) | rounds | extra |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in sorted(rows(report))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: python3 -m bench.summarize BENCHMARK_JSON")
+    with open(argv[0]) as f:
+        sys.stdout.write(markdown(json.load(f)))
+
+
+if __name__ == "__main__":
+    main()
