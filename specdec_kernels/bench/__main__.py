@@ -1,0 +1,3 @@
+from specdec_kernels.bench.cli import main
+
+main()
