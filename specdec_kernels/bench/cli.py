@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> dict:
         "target": args.target,
         "draft": args.draft,
         "device": args.device,
+        "target_layers": target.model.config.num_hidden_layers,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),

@@ -39,24 +39,31 @@ class RunRecord:
     tokens: list
     seconds: float
     target_forwards: int | None = None
+    forward_widths: list = field(default_factory=list)  # tokens per target forward
     drafter_seconds: float | None = None
     proposed_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
 
 
 class ForwardCounter:
-    """Counts forwards of a model's last decoder layer with a public forward hook.
+    """Records the width (tokens per request) of every forward of a model's last decoder
+    layer, through a public forward hook.
 
-    Early-exit drafts never reach the last layer, so this counts full target forwards only.
+    Early-exit drafts never reach the last layer, so only full target forwards are recorded.
     """
 
     def __init__(self, model):
         layers = model.get_decoder().layers
-        self.count = 0
-        self._handle = layers[-1].register_forward_hook(self._hook)
+        self.widths: list = []
+        self._handle = layers[-1].register_forward_hook(self._hook, with_kwargs=True)
 
-    def _hook(self, module, args, output):
-        self.count += 1
+    def _hook(self, module, args, kwargs, output):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        self.widths.append(int(hidden.shape[-2]))
+
+    @property
+    def count(self) -> int:
+        return len(self.widths)
 
     def close(self) -> None:
         self._handle.remove()
@@ -101,7 +108,9 @@ class HFMethod:
         finally:
             counter.close()
         tokens = out[0, len(prompt_ids):].tolist()
-        return RunRecord(tokens, seconds, target_forwards=counter.count)
+        return RunRecord(
+            tokens, seconds, target_forwards=counter.count, forward_widths=counter.widths
+        )
 
 
 class OursMethod:
@@ -146,6 +155,7 @@ class OursMethod:
             out.tokens[0],
             seconds,
             target_forwards=counter.count,
+            forward_widths=counter.widths,
             drafter_seconds=stats.drafter_seconds,
             proposed_at=list(stats.proposed_at),
             accepted_at=list(stats.accepted_at),

@@ -42,6 +42,9 @@ def summarize(measurements) -> dict:
         drafter = [m.record.drafter_seconds for m in runs]
         proposed, accepted = _columns(runs, "proposed_at"), _columns(runs, "accepted_at")
         identical = [m.identical for m in runs if m.identical is not None]
+        # Decoding steps only (the prefill forward, which yields the first token, left out).
+        step_widths = [w for m in runs for w in m.record.forward_widths[1:]]
+        step_tokens = sum(max(len(m.record.tokens) - 1, 0) for m in runs)
         figures.setdefault(method, {})[category] = {
             "prompts": len({m.question_id for m in runs}),
             "new_tokens": tokens,
@@ -53,6 +56,17 @@ def summarize(measurements) -> dict:
                 sum(drafter) / seconds if None not in drafter and seconds > 0 else None
             ),
             "acceptance_at": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+            "steps": len(step_widths),
+            "drafter_seconds_per_step": (
+                sum(drafter) / len(step_widths) if None not in drafter and step_widths else None
+            ),
+            "tokens_per_step": step_tokens / len(step_widths) if step_widths else None,
+            "verify_width": statistics.fmean(step_widths) if step_widths else None,
+            # sum over depths of "steps that drafted this deep": the draft forwards of a chain
+            # drafter, per step.
+            "drafted_depth_per_step": (
+                sum(proposed) / len(step_widths) if proposed and step_widths else None
+            ),
             "identical": (sum(identical) / len(identical)) if identical else None,
         }
     for method, per_category in figures.items():
