@@ -124,6 +124,7 @@ def main(argv=None) -> None:
         latencies = step_latencies(model, args.prefix, tokens, args.repeats)
         base = latencies[tokens[0]]
         report["models"][name] = {
+            "layers": model.config.num_hidden_layers,
             "latency_ms": {str(t): round(ms, 3) for t, ms in latencies.items()},
             "relative_cost": {str(t): round(ms / base, 3) for t, ms in latencies.items()},
         }

@@ -35,12 +35,17 @@ def markdown(report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load(path) -> dict:
+    """A pytest-benchmark JSON report."""
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python3 -m bench.summarize BENCHMARK_JSON")
-    with open(argv[0]) as f:
-        sys.stdout.write(markdown(json.load(f)))
+    sys.stdout.write(markdown(load(argv[0])))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,10 @@ default model, the dev prompts and the Hugging Face greedy baseline."""
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_PROMPTS = REPO_ROOT.parent / "shared" / "data" / "prompts_dev.jsonl"
-BUNDLED_PROMPTS = REPO_ROOT / "specdec_kernels" / "data" / "prompts_dev_subset.jsonl"
+from specdec_kernels.data import load_prompts
 
 # Twenty dev questions over all 13 categories, short and long (summarization, RAG).
 TEST_QUESTION_IDS = [
@@ -21,10 +17,8 @@ TEST_QUESTION_IDS = [
 
 
 def dev_prompts() -> list:
-    """The test questions' first turns, from ``../shared/data`` or the bundled copy."""
-    path = SHARED_PROMPTS if SHARED_PROMPTS.is_file() else BUNDLED_PROMPTS
-    with open(path, encoding="utf-8") as f:
-        rows = {r["question_id"]: r for r in map(json.loads, f)}
+    """The test questions' first turns (the packaged copy of ``../shared/data``)."""
+    rows = {r["question_id"]: r for r in load_prompts()}
     return [rows[i]["turns"][0] for i in TEST_QUESTION_IDS]
 
 

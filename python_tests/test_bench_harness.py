@@ -1,0 +1,153 @@
+"""The benchmark harness behind ``specdec bench``: prompt selection, grouping, the figures it
+reports, and an end-to-end run on the default model."""
+
+import json
+
+import pytest
+
+from specdec_kernels import cli
+from specdec_kernels.bench import cli as bench_cli
+from specdec_kernels.bench.harness import Measurement, group_prompts, mark_identical
+from specdec_kernels.bench.methods import RunRecord
+from specdec_kernels.bench.prompts import CATEGORIES, Prompt, load_prompts, select_prompts
+from specdec_kernels.bench.report import OVERALL, summarize
+
+
+def test_dev_prompts_cover_the_six_categories():
+    prompts = load_prompts()
+    assert len(prompts) == 240
+    assert {p.category for p in prompts} == set(CATEGORIES)
+    assert all(p.text for p in prompts)
+
+
+def test_select_prompts_takes_the_first_of_each_category():
+    prompts = load_prompts()
+    chosen = select_prompts(prompts, 2, ["rag", "qa"])
+    assert [p.category for p in chosen] == ["rag", "rag", "qa", "qa"]
+    assert chosen[:2] == [p for p in prompts if p.category == "rag"][:2]
+    assert len(select_prompts(prompts, None)) == 240
+
+
+@pytest.mark.parametrize(
+    "per_category, categories, message",
+    [(2, ["poetry"], "unknown categories"), (0, None, "must be >= 1")],
+)
+def test_select_prompts_rejects_bad_selections(per_category, categories, message):
+    with pytest.raises(ValueError, match=message):
+        select_prompts(load_prompts(), per_category, categories)
+
+
+def test_missing_prompt_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="prompt file not found"):
+        load_prompts(tmp_path / "absent.jsonl")
+
+
+def test_group_prompts_keeps_categories_apart():
+    prompts = [Prompt(i, c, "x") for i, c in enumerate("aaabbc")]
+    groups = group_prompts(prompts, 2)
+    assert [[p.question_id for p in g] for g in groups] == [[0, 1], [2], [3, 4], [5]]
+    assert group_prompts(prompts, 1) == [[p] for p in prompts]
+    with pytest.raises(ValueError, match="batch size must be >= 1"):
+        group_prompts(prompts, 0)
+
+
+def _measurement(method, qid, category, tokens, seconds, widths, rows=None, **extra):
+    record = RunRecord(
+        tokens, seconds, forward_widths=widths, forward_rows=rows or [len(tokens)] * len(widths),
+        **extra,
+    )
+    return Measurement(method, (qid,), category, 0, record)
+
+
+def test_summarize_figures():
+    runs = [
+        # The baseline: 4 tokens in 4 forwards (the prefill gives the first), 2 s.
+        _measurement("hf-generate", 1, "qa", [[5, 6, 7, 8]], 2.0, [30, 1, 1, 1]),
+        # A drafter: the same 4 tokens in 2 forwards, 1 s, drafting 3 deep once.
+        _measurement(
+            "ours-prompt-lookup", 1, "qa", [[5, 6, 7, 8]], 1.0, [30, 4],
+            drafter_seconds=0.25, proposed_at=[1, 1, 1], accepted_at=[1, 1, 0],
+        ),
+    ]
+    mark_identical(runs)
+    figures = summarize(runs)
+    base, ours = figures["hf-generate"][OVERALL], figures["ours-prompt-lookup"]["qa"]
+    assert base["tau"] == 1.0 and base["speedup"] == 1.0 and base["tokens_per_second"] == 2.0
+    assert ours["tau"] == 2.0
+    assert ours["speedup"] == 2.0
+    assert ours["drafter_time_share"] == 0.25
+    assert ours["acceptance_at"] == [1.0, 1.0, 0.0]
+    assert ours["tokens_per_step"] == 3.0  # three tokens after the first in one step
+    assert ours["verify_width"] == 4.0
+    assert ours["identical"] == 1.0
+
+
+def test_summarize_counts_batched_requests_per_forward():
+    # Two requests decoded together: 3 + 2 tokens; the second finishes after 2 forwards.
+    run = _measurement("hf-generate", 1, "qa", [[1, 2, 3], [4, 5]], 1.0, [9, 1, 1], [2, 2, 1])
+    row = summarize([run])["hf-generate"][OVERALL]
+    assert row["tau"] == 1.0
+    assert row["tokens_per_second"] == 5.0
+
+
+def test_mark_identical_compares_with_the_baseline_of_the_same_prompts():
+    runs = [
+        _measurement("hf-generate", 1, "qa", [[1, 2]], 1.0, [3, 1]),
+        _measurement("ours-autoregressive", 1, "qa", [[1, 2]], 1.0, [3, 1]),
+        _measurement("ours-prompt-lookup", 1, "qa", [[1, 3]], 1.0, [3, 1]),
+        _measurement("ours-prompt-lookup", 2, "qa", [[1, 3]], 1.0, [3, 1]),
+    ]
+    mark_identical(runs)
+    assert [m.identical for m in runs] == [True, True, False, None]
+
+
+def test_command_line_lists_the_options_that_differ():
+    args = bench_cli.build_parser().parse_args(["--max-new-tokens", "32", "--categories", "qa"])
+    assert bench_cli.command_line(args) == "specdec bench --categories qa --max-new-tokens 32"
+
+
+def test_bench_end_to_end_on_the_default_model(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = cli.main(
+        ["bench", "--categories", "summarization", "--prompts-per-category", "1",
+         "--max-new-tokens", "8", "--out", str(out),
+         "--methods", "hf-generate,ours-autoregressive,ours-prompt-lookup,"
+         "ours-self-speculative,hf-early-exit"]
+    )
+    assert code == 0
+    result = json.loads((out / "results.json").read_text())
+    figures = result["figures"]
+    assert set(figures) == {
+        "hf-generate", "ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
+        "hf-early-exit",
+    }
+    for name in ("hf-generate", "ours-autoregressive"):
+        assert figures[name][OVERALL]["tau"] == 1.0  # one forward per token, prefill included
+    for name in ("ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative"):
+        assert figures[name][OVERALL]["identical"] == 1.0
+        assert figures[name]["summarization"]["new_tokens"] == 8
+    # Ours and HF's layer skip exit at the same layer.
+    layers = result["config"]["method_settings"]["ours-self-speculative"]["num_layers"]
+    assert layers == result["config"]["target_layers"] - 2
+    assert (out / "results.md").read_text().count("| ours-") >= 3
+    for png in ("speedup.png", "acceptance.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "hf-generate" in capsys.readouterr().out
+
+
+def test_bench_batches_leave_out_hf_assisted(tmp_path):
+    out = tmp_path / "bench"
+    cli.main(
+        ["bench", "--categories", "qa", "--prompts-per-category", "3", "--batch-size", "2",
+         "--max-new-tokens", "6", "--out", str(out)]
+    )
+    result = json.loads((out / "results.json").read_text())
+    assert set(result["figures"]) == {
+        "hf-generate", "ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
+    }
+    groups = {tuple(m["question_ids"]) for m in result["measurements"]}
+    assert sorted(len(g) for g in groups) == [1, 2]
+    ours = result["figures"]["ours-autoregressive"][OVERALL]
+    assert ours["tau"] == 1.0 and ours["prompts"] == 3
+    with pytest.raises(SystemExit, match="batch size 1 only"):
+        cli.main(["bench", "--batch-size", "2", "--methods", "hf-prompt-lookup"])

@@ -1,0 +1,173 @@
+"""``specdec bench``: every decoding method side by side on the default model (or any
+target/draft pair), by prompt category, with JSON, Markdown and PNG output."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from specdec_kernels.bench.methods import BATCH_ONE_METHODS, METHOD_DESCRIPTIONS
+
+#: Methods run when --methods is not given (draft-model ones are added when --draft is).
+DEFAULT_METHODS = [
+    "hf-generate",
+    "ours-autoregressive",
+    "ours-prompt-lookup",
+    "hf-prompt-lookup",
+    "ours-self-speculative",
+    "hf-early-exit",
+]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="default",
+                        help="'default' (SmolLM2-135M-Instruct), an HF model folder or a .gguf file")
+    parser.add_argument("--draft", help="draft model (HF folder or .gguf) for the draft-model methods")
+    parser.add_argument("--methods", help="comma list from: " + ", ".join(METHOD_DESCRIPTIONS))
+    parser.add_argument("--prompts-per-category", type=int, default=2,
+                        help="first N prompts of each category (default 2)")
+    parser.add_argument("--all-prompts", action="store_true", help="every prompt of the file")
+    parser.add_argument("--categories", help="comma list of categories (default all six)")
+    parser.add_argument("--prompt-file", help="Spec-Bench style JSONL (default: the dev set)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each method per prompt")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="prompts of a category decoded together (HF assisted: 1 only)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exit-layer", type=int,
+                        help="layers the self-speculative drafts use (ours and HF alike)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--out", default="bench_results", help="output folder")
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from specdec_kernels.bench.harness import group_prompts, run_benchmark
+    from specdec_kernels.bench.methods import Sampling, build_methods
+    from specdec_kernels.bench.prompts import load_prompts, select_prompts
+    from specdec_kernels.bench.report import write_reports
+    from specdec_kernels.models import encode_prompts, load_model
+
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.batch_size < 1:
+        raise SystemExit("--max-new-tokens, --repeats and --batch-size must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
+    if args.draft and not args.methods:
+        names += ["ours-draft-model", "hf-assisted"]
+    if args.batch_size > 1:
+        batch_one = [n for n in names if n in BATCH_ONE_METHODS]
+        if args.methods and batch_one:
+            raise SystemExit(f"{batch_one} run at batch size 1 only (HF assisted generation)")
+        names = [n for n in names if n not in BATCH_ONE_METHODS]
+
+    prompts = select_prompts(
+        load_prompts(args.prompt_file),
+        None if args.all_prompts else args.prompts_per_category,
+        args.categories.split(",") if args.categories else None,
+    )
+    target = load_model(args.target, dtype=args.dtype, device=args.device)
+    draft = load_model(args.draft, dtype=args.dtype, device=args.device) if args.draft else None
+    methods = build_methods(
+        names, target.model, target.tokenizer,
+        draft_model=draft.model if draft else None, exit_layer=args.exit_layer,
+    )
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    groups = len(group_prompts(prompts, args.batch_size))
+    total = groups * len(methods) * args.repeats
+    print(f"{len(methods)} methods x {groups} groups of <= {args.batch_size} prompts x "
+          f"{args.repeats} repeat(s) "
+          f"= {total} runs, {args.max_new_tokens} new tokens each", file=sys.stderr)
+
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=total, unit="run", file=sys.stderr) as bar:
+        def progress(label):
+            bar.set_postfix_str(label)
+            bar.update()
+
+        measurements = run_benchmark(
+            methods, prompts,
+            lambda text: encode_prompts(target.tokenizer, [text])[0],
+            max_new_tokens=args.max_new_tokens, repeats=args.repeats, sampling=sampling,
+            batch_size=args.batch_size,
+            order_seed=args.seed, progress=progress,
+        )
+    config = {
+        "target": args.target,
+        "draft": args.draft,
+        "device": args.device,
+        "target_layers": target.model.config.num_hidden_layers,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "batch_size": args.batch_size,
+        "temperature": args.temperature,
+        "methods": {name: METHOD_DESCRIPTIONS[name] for name in methods},
+        "method_settings": {n: getattr(m, "settings", {}) for n, m in methods.items()},
+        "date": time.strftime("%Y-%m-%d"),
+        "seconds": round(time.perf_counter() - start, 1),
+        "torch": torch.__version__,
+        "command": command_line(args),
+    }
+    out_dir = Path(args.out)
+    figures = write_reports(measurements, config, out_dir)
+    print((out_dir / "results.md").read_text())
+    print(f"wrote {out_dir}/results.json, results.md, speedup.png, acceptance.png "
+          f"({config['seconds']} s)", file=sys.stderr)
+    return figures
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """``specdec bench`` with the options that differ from their defaults."""
+    parser = build_parser()
+    words = ["specdec", "bench"]
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        words.append(action.option_strings[0])
+        if action.nargs != 0:
+            words.append(shlex.quote(str(value)))
+    return " ".join(words)
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The ``specdec bench`` options, on ``parser`` or on a new parser."""
+    parser = parser or argparse.ArgumentParser(prog="specdec bench", description=__doc__)
+    add_arguments(parser)
+    return parser
+
+
+def add_subcommand(subparsers) -> None:
+    """Register ``bench`` with the ``specdec`` command."""
+    parser = subparsers.add_parser(
+        "bench", help="every decoding method side by side", description=__doc__
+    )
+    build_parser(parser)
+    parser.set_defaults(func=_run_subcommand)
+
+
+def _run_subcommand(args: argparse.Namespace) -> int:
+    run(args)
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m specdec_kernels.bench``: the same as ``specdec bench``."""
+    run(build_parser().parse_args(argv))
+    return 0
