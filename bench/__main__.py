@@ -2,7 +2,7 @@
 
     python3 -m bench [--out DIR] [pytest options, e.g. -k cuda --benchmark-max-time=0.5]
 
-Runs ``pytest bench`` with pytest-benchmark, keeps its JSON as ``DIR/microbench.json`` and
+Runs every ``bench/bench_*.py`` with pytest-benchmark, keeps its JSON as ``DIR/microbench.json`` and
 writes the table (``bench.summarize``) to ``DIR/microbench.md`` and standard output.
 """
 
@@ -22,11 +22,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = out / "microbench.json"
+    # Named one by one: pytest collects only test_*.py files from a folder.
+    files = sorted(str(f) for f in Path(__file__).parent.glob("bench_*.py"))
     code = pytest.main(
-        ["-q", "-p", "no:cacheprovider", str(Path(__file__).parent),
-         f"--benchmark-json={report}", *pytest_args]
+        ["-q", "-p", "no:cacheprovider", *files, f"--benchmark-json={report}", *pytest_args]
     )
-    if report.is_file():
+    if report.is_file() and report.stat().st_size:
         table = summarize.markdown(summarize.load(report))
         (out / "microbench.md").write_text(table)
         sys.stdout.write(table)

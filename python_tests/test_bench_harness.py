@@ -63,10 +63,12 @@ def test_summarize_figures():
     runs = [
         # The baseline: 4 tokens in 4 forwards (the prefill gives the first), 2 s.
         _measurement("hf-generate", 1, "qa", [[5, 6, 7, 8]], 2.0, [30, 1, 1, 1]),
-        # A drafter: the same 4 tokens in 2 forwards, 1 s, drafting 3 deep once.
+        # Ours: a prefill of all but the last prompt token, then one step of 4 rows (the
+        # pending token and 3 drafts) emits the same 4 tokens; 1 s, drafting 3 deep once.
         _measurement(
             "ours-prompt-lookup", 1, "qa", [[5, 6, 7, 8]], 1.0, [30, 4],
-            drafter_seconds=0.25, proposed_at=[1, 1, 1], accepted_at=[1, 1, 0],
+            drafter_seconds=0.25, proposed_at=[1, 1, 1], accepted_at=[1, 1, 1],
+            first_token_from_prefill=False,
         ),
     ]
     mark_identical(runs)
@@ -76,8 +78,9 @@ def test_summarize_figures():
     assert ours["tau"] == 2.0
     assert ours["speedup"] == 2.0
     assert ours["drafter_time_share"] == 0.25
-    assert ours["acceptance_at"] == [1.0, 1.0, 0.0]
-    assert ours["tokens_per_step"] == 3.0  # three tokens after the first in one step
+    assert ours["acceptance_at"] == [1.0, 1.0, 1.0]
+    assert ours["tokens_per_step"] == 4.0
+    assert base["tokens_per_step"] == 1.0  # HF's prefill yields the first token
     assert ours["verify_width"] == 4.0
     assert ours["identical"] == 1.0
 

@@ -35,6 +35,8 @@ class RunRecord:
     included, for every method alike (so plain decoding has tau = 1 exactly);
     ``proposed_at`` / ``accepted_at`` count drafted and accepted tokens per draft depth
     (ours only); ``drafter_seconds`` is the time spent drafting (ours only).
+    ``first_token_from_prefill``: HF's prefill yields the first token; ours prefills all but
+    the last prompt token and every new token comes from a decoding step.
     """
 
     tokens: list
@@ -44,6 +46,7 @@ class RunRecord:
     drafter_seconds: float | None = None
     proposed_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
+    first_token_from_prefill: bool = True
 
     @property
     def new_tokens(self) -> int:
@@ -188,6 +191,7 @@ class OursMethod:
             drafter_seconds=stats.drafter_seconds,
             proposed_at=list(stats.proposed_at),
             accepted_at=list(stats.accepted_at),
+            first_token_from_prefill=False,
         )
 
 

@@ -43,9 +43,13 @@ def summarize(measurements) -> dict:
         drafter = [m.record.drafter_seconds for m in runs]
         proposed, accepted = _columns(runs, "proposed_at"), _columns(runs, "accepted_at")
         identical = [m.identical for m in runs if m.identical is not None]
-        # Decoding steps only (the prefill forward, which yields the first token, left out).
+        # Decoding steps only (the prefill forward left out, and the token it yields for HF).
         step_widths = [w for m in runs for w in m.record.forward_widths[1:]]
-        step_tokens = sum(max(len(t) - 1, 0) for m in runs for t in m.record.tokens)
+        step_tokens = sum(
+            max(len(t) - m.record.first_token_from_prefill, 0)
+            for m in runs
+            for t in m.record.tokens
+        )
         step_rows = sum(sum(m.record.forward_rows[1:]) for m in runs)
         figures.setdefault(method, {})[category] = {
             "prompts": len({i for m in runs for i in m.question_ids}),
