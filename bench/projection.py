@@ -5,9 +5,10 @@ drafts) is a property of the models and the method, measured by ``specdec bench`
 machine. Step cost is a property of the hardware, measured by ``bench.cost_curve`` on the
 device of interest. Their combination, for each method:
 
-    projected speedup = tau * c(1) / (c(W) + draft cost per step)
+    projected speedup = tau * c(1) / (mean c(W) + draft cost per step)
 
-where c(T) is the target's forward latency over T tokens, W the mean tokens verified per step,
+where c(T) is the target's forward latency over T tokens, W the tokens verified in a step
+(averaged over the steps' recorded widths),
 and the draft cost is D draft forwards of the first L of N layers, about D * (L / N) * c(1),
 for layer-skip drafting, and the host time measured per step for prompt lookup. Methods whose
 draft cost cannot be derived (a separate draft model without its own curve, HF's early exit)
@@ -32,6 +33,16 @@ def interpolate(curve: dict, width: float) -> float:
         if width <= t1:
             return c0 + (c1 - c0) * (width - t0) / (t1 - t0)
     return points[-1][1]
+
+
+def mean_step_cost(latencies: dict, width_counts: dict | None, mean_width: float) -> float:
+    """Mean c(W) over the verification steps: from the steps' widths when recorded (the cost
+    is far from linear in W, so c(mean W) would misjudge a mix of narrow and wide steps),
+    else c(mean W)."""
+    if not width_counts:
+        return interpolate(latencies, mean_width)
+    steps = sum(width_counts.values())
+    return sum(n * interpolate(latencies, int(w)) for w, n in width_counts.items()) / steps
 
 
 def draft_cost_ms(method: str, row: dict, settings: dict, c1: float, depth: int) -> float | None:
@@ -62,7 +73,7 @@ def project(results: dict, curve: dict, model: str) -> list:
         settings = results["config"].get("method_settings", {}).get(method, {})
         if width is None or tau is None:
             continue
-        step = interpolate(latencies, width)
+        step = mean_step_cost(latencies, row.get("verify_width_counts"), width)
         draft = draft_cost_ms(method, row, settings, c1, depth or 1)
         rows.append({
             "method": method,
@@ -82,9 +93,9 @@ def markdown(rows: list, curve: dict, model: str, results: dict) -> str:
         f"Projection for the {model} shape on {curve['device']} ({curve['dtype']}, prefix "
         f"{curve['prefix']}; c(1) = {c1:.2f} ms), from acceptance measured on "
         f"{results['config']['device']} with target {results['config']['target']}. "
-        "A projection, not a measurement: speedup = τ·c(1) / (c(W) + draft).",
+        "A projection, not a measurement: speedup = τ·c(1) / (mean c(W) + draft).",
         "",
-        "| method | τ (tokens/step) | W (tokens verified/step) | c(W) ms | draft ms/step | "
+        "| method | τ (tokens/step) | mean W (tokens verified/step) | mean c(W) ms | draft ms/step | "
         "projected speedup vs plain decoding | measured here vs HF generate |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]

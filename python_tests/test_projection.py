@@ -4,7 +4,7 @@ speedup tau * c(1) / (c(W) + draft) from a harness result and a cost curve."""
 import pytest
 
 from bench.cost_curve import build_model, step_latencies
-from bench.projection import interpolate, markdown, project
+from bench.projection import interpolate, markdown, mean_step_cost, project
 
 CURVE = {
     "device": "test device",
@@ -21,6 +21,13 @@ def test_interpolate_is_linear_between_points_and_clamped():
     assert interpolate(latency, 10) == pytest.approx(16.0)
     assert interpolate(latency, 0.5) == 10.0
     assert interpolate(latency, 64) == 20.0
+
+
+def test_step_cost_averages_over_the_recorded_widths():
+    latency = CURVE["models"]["135m"]["latency_ms"]
+    # Three 1-token steps and one 16-token step: (3 * 10 + 20) / 4, not c(mean W = 4.75).
+    assert mean_step_cost(latency, {"1": 3, "16": 1}, 4.75) == pytest.approx(12.5)
+    assert mean_step_cost(latency, None, 4.0) == 12.0
 
 
 def _results(figures, settings=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from specdec_kernels.bench.methods import BASELINE, METHOD_DESCRIPTIONS
@@ -68,6 +68,8 @@ def summarize(measurements) -> dict:
             ),
             "tokens_per_step": step_tokens / step_rows if step_rows else None,
             "verify_width": statistics.fmean(step_widths) if step_widths else None,
+            # How many steps verified each width: a step's cost is not linear in its width.
+            "verify_width_counts": {str(w): n for w, n in sorted(Counter(step_widths).items())},
             # sum over depths of "steps that drafted this deep": the draft forwards of a chain
             # drafter, per step.
             "drafted_depth_per_step": (

@@ -63,7 +63,7 @@ struct RowShared {
   int64_t partial_i[kMaxWarps];
   unsigned long long found;
   uint32_t counts[kRadixBins];
-  float masses[kRadixBins];
+  double masses[kRadixBins];  // double like the CPU's: float atomics would round per add
 };
 
 __device__ __forceinline__ double warp_sum(double v) {
@@ -155,7 +155,7 @@ __device__ int64_t block_argmax(float value, int64_t index, RowShared& sh) {
 // distinct bin per warp (the lanes of a warp mostly share a bin in the first radix round).
 // Every lane of the warp must call it.
 __device__ __forceinline__ void warp_histogram_add(bool counted, int bin, float w,
-                                                   uint32_t* counts, float* masses) {
+                                                   uint32_t* counts, double* masses) {
   const int lane = threadIdx.x % 32;
   unsigned remaining = __ballot_sync(kFullMask, counted);
   while (remaining != 0) {
@@ -163,7 +163,7 @@ __device__ __forceinline__ void warp_histogram_add(bool counted, int bin, float 
     const int leader_bin = __shfl_sync(kFullMask, bin, leader);
     const bool mine = counted && bin == leader_bin;
     const unsigned peers = __ballot_sync(kFullMask, mine);
-    float sum = mine ? w : 0.0f;
+    double sum = mine ? static_cast<double>(w) : 0.0;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
     if (lane == leader) {
@@ -244,7 +244,7 @@ struct BlockRow {
   __device__ bool process(const RowParams& params, bool with_entropy) {
     greedy = params.greedy();
     const float inv_t = greedy ? 1.0f : 1.0f / params.temperature;
-    float m = -INFINITY, s = 0.0f, best = -INFINITY;
+    float best = -INFINITY;
     int64_t best_index = INT64_MAX;
     bool bad = false;
     for_each_chunk([&](int64_t x0, const float (&l)[VEC]) {
@@ -260,13 +260,6 @@ struct BlockRow {
           best = v;
           best_index = x0 + i;
         }
-        if (greedy) continue;
-        if (v > m) {
-          s = add_rn(mul_rn(s, specdec_exp(mul_rn(sub_rn(m, v), inv_t))), 1.0f);
-          m = v;
-        } else {
-          s = add_rn(s, specdec_exp(mul_rn(sub_rn(v, m), inv_t)));
-        }
       }
     });
     if (__syncthreads_or(bad)) return false;
@@ -277,10 +270,17 @@ struct BlockRow {
     filter = RowFilter{};
     filter.max_logit = to_float(logits[arg]);
     filter.inv_temperature = inv_t;
-    const float rescaled = m == -INFINITY
-                               ? 0.0f
-                               : mul_rn(s, specdec_exp(mul_rn(sub_rn(m, filter.max_logit), inv_t)));
-    filter.total = static_cast<float>(block_sum(rescaled, sh));
+    {
+      // Z = float(double sum of the exact weights), as on the CPU and in the reference: an
+      // online float sum would differ in the last bits and move sampling boundaries.
+      double total = 0.0;
+      const RowFilter f = filter;
+      for_each_chunk([&](int64_t, const float (&l)[VEC]) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) total += f.raw_weight(l[i]);
+      });
+      filter.total = static_cast<float>(block_sum(total, sh));
+    }
 
     float top_k_mass = filter.total;
     if (params.top_k_active(vocab)) {
@@ -323,7 +323,7 @@ struct BlockRow {
     for (int shift = 24; !search.done; shift -= 8) {
       for (int i = threadIdx.x; i < kRadixBins; i += blockDim.x) {
         sh.counts[i] = 0;
-        sh.masses[i] = 0.0f;
+        sh.masses[i] = 0.0;
       }
       __syncthreads();
       const uint32_t prefix = search.prefix, mask = search.mask;
