@@ -98,10 +98,8 @@ void rollback_paged_kv_cache_cpu(const at::Tensor& block_tables, const at::Tenso
       int64_t written = 0;
       for (int64_t j = keep; j < max_blocks; ++j) {
         index_t& entry = tables[b * max_blocks + j];
-        if (entry >= 0) {
-          freed[b * max_blocks + written++] = entry;
-          entry = -1;
-        }
+        if (entry >= 0) freed[b * max_blocks + written++] = entry;
+        entry = -1;  // every truncated entry, as the reference
       }
       for (int64_t j = written; j < max_blocks; ++j) freed[b * max_blocks + j] = -1;
       lens[b] = targets[b];

@@ -230,9 +230,12 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
       errors[b] = encode_error(kErrNumDraft, 0);
       continue;
     }
-    for (int64_t i = 0; i < counts[b] && errors[b] == kNoError; ++i)
-      errors[b] = check_draft(drafts[b * k + i], vocab,
-                              q == nullptr ? nullptr : q + (b * k + i) * vocab, i);
+    // The smallest error code of the request, as the CUDA kernel reports it.
+    for (int64_t i = 0; i < counts[b]; ++i) {
+      const auto error =
+          check_draft(drafts[b * k + i], vocab, q == nullptr ? nullptr : q + (b * k + i) * vocab, i);
+      if (error < errors[b]) errors[b] = error;
+    }
   }
   const VerifyCall call{target_logits, draft_probs, pointers, mode, typical};
   auto make_layout = [&](int64_t b) { return ChainLayout{drafts + b * k, counts[b]}; };

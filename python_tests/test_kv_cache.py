@@ -205,6 +205,18 @@ def test_rollback_handles_holes(device):
     assert lens.tolist() == [3]
 
 
+def test_rollback_clears_every_truncated_entry_like_the_reference(device):
+    # A caller's own negative sentinel past the new length is cleared too, never freed.
+    tables = torch.tensor([[7, 4, -2, 5]], device=device)
+    want_tables = tables.clone()
+    lens, want_lens = torch.tensor([16], device=device), torch.tensor([16], device=device)
+    new = torch.tensor([4], device=device)
+    freed = ops.rollback_paged_kv_cache_(tables, lens, new, 4)
+    want_freed = reference.rollback_paged_kv_cache_(want_tables, want_lens, new, 4)
+    assert tables.tolist() == want_tables.tolist() == [[7, -1, -1, -1]]
+    assert freed.tolist() == want_freed.tolist() == [[4, 5, -1, -1]]
+
+
 # ----------------------------------------------------------------------------- opcheck, compile
 
 

@@ -466,6 +466,8 @@ def test_chain_rejects_bad_values(device):
     inf_logits[1, 2, 0] = float("inf")
     bad_probs = torch.full((3, 2, 6), 1 / 6, device=device)
     bad_probs[1, 1, 4] = float("nan")
+    bad_probs_first = torch.full((3, 2, 6), 1 / 6, device=device)
+    bad_probs_first[1, 0, 3] = 1.5  # at draft_tokens[1, 0] = 3
     cases = [
         (dict(draft_tokens=torch.tensor([[1, 2], [3, 6], [0, 0]], device=device)), r"request 1: draft_tokens\[1, 1\] = 6 is out of range for vocabulary size 6"),
         (dict(draft_tokens=torch.tensor([[1, 2], [3, 4], [-1, 0]], device=device)), r"request 2: draft_tokens\[2, 0\] = -1"),
@@ -475,6 +477,9 @@ def test_chain_rejects_bad_values(device):
         (dict(target_logits=inf_logits), r"request 1: target_logits\[1, 2\] contains NaN or \+Inf"),
         (dict(draft_probs=bad_probs), r"request 1: draft_probs\[1, 1, 4\] = nan"),
         (dict(params=SamplingParams.create(3, temperature=[0.0, -1.0, 1.0], device=device)), r"request 1: temperature\[1\] = -1"),
+        # Several bad drafts in one request: the smallest error code (a bad token before a
+        # bad probability), on CPU as on CUDA, not the first position.
+        (dict(draft_tokens=torch.tensor([[1, 2], [3, 6], [0, 0]], device=device), draft_probs=bad_probs_first), r"request 1: draft_tokens\[1, 1\] = 6"),
     ]
     for overrides, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -149,10 +149,8 @@ __global__ void rollback_paged_kernel(index_t* __restrict__ block_tables,
     const bool frees = j < max_blocks && j >= keep && block >= 0;
     const unsigned mask = __ballot_sync(0xffffffffu, frees);
     const int64_t slot = written + __popc(mask & ((1u << lane) - 1u));
-    if (frees) {
-      freed[slot] = block;
-      table[j] = -1;
-    }
+    if (frees) freed[slot] = block;
+    if (j < max_blocks && j >= keep) table[j] = -1;  // every truncated entry, as the reference
     written += __popc(mask);
   }
   for (int64_t j = written + lane; j < max_blocks; j += 32) freed[j] = -1;
