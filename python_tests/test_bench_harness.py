@@ -157,3 +157,18 @@ def test_bench_batches_leave_out_hf_assisted(tmp_path):
     assert result["figures"]["hf-generate"][OVERALL]["tau"] == 1.0
     with pytest.raises(SystemExit, match="batch size 1 only"):
         cli.main(["bench", "--batch-size", "2", "--methods", "hf-prompt-lookup"])
+
+
+def test_bench_sampling_reports_no_identity(tmp_path):
+    out = tmp_path / "bench"
+    cli.main(
+        ["bench", "--categories", "qa", "--max-new-tokens", "6", "--temperature", "0.8",
+         "--top-p", "0.9", "--seed", "3", "--out", str(out),
+         "--methods", "hf-generate,ours-autoregressive,ours-prompt-lookup"]
+    )
+    result = json.loads((out / "results.json").read_text())
+    assert result["config"]["temperature"] == 0.8
+    # Sampled outputs are compared in distribution (the decoding tests), not token for token.
+    assert all(m["identical"] is None for m in result["measurements"])
+    assert all(m["new_tokens"] >= 1 for m in result["measurements"])
+    assert "sampling T=0.8" in (out / "results.md").read_text()
