@@ -121,19 +121,13 @@ class HFMethod:
             seconds = time.perf_counter() - start
         finally:
             counter.close()
-        eos = _eos_ids(self.model, self.tokenizer)
+        from specdec_kernels.decoding.api import eos_token_ids
+
+        eos = eos_token_ids(self.model, self.tokenizer)
         tokens = [_until_eos(row, eos) for row in out[:, width:].tolist()]
         return RunRecord(
             tokens, seconds, forward_widths=counter.widths, forward_rows=counter.rows
         )
-
-
-def _eos_ids(model, tokenizer) -> set:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, list) else [] if ids is None else [ids])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 def _until_eos(tokens: list, eos: set) -> list:

