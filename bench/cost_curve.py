@@ -3,13 +3,21 @@
 Acceptance is a property of the models; step cost is a property of the hardware. This tool
 measures the second: the latency of one forward pass over T new tokens (T = 1 ... 128) after a
 fixed prefix already in the KV cache, for real model shapes with random weights (no download
-needed), on whatever device is given.
+needed), on whatever device is given, along two paths, interleaved T by T:
+
+- ``engine``: the decoding engine's own forward (:class:`ModelRunner` with its preallocated
+  cache and the device's default kernels: on CPU the package's batch-invariant small-batch
+  linear and tree attention);
+- ``torch``: Hugging Face's own forward as ``generate`` runs it (DynamicCache, sdpa, torch's
+  linears).
 
     python3 -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b --out curve.json
-    python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m --out curve-cpu.json
+    python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m,1.5b --out curve-cpu.json
 
-The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1);
-``bench.projection`` combines it with measured acceptance to project speedups.
+The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1),
+``latency_ms`` / ``relative_cost`` for the engine and ``torch_latency_ms`` /
+``torch_relative_cost`` for torch; ``bench.projection`` combines them with measured acceptance
+to project speedups.
 """
 
 from __future__ import annotations
@@ -62,34 +70,64 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-@torch.inference_mode()
-def step_latencies(model, prefix: int, tokens: list[int], repeats: int) -> dict[int, float]:
-    """Median latency (ms) of one forward over T tokens after `prefix` cached tokens, per T.
+def _median_ms(step, device: str, repeats: int) -> float:
+    times = []
+    for i in range(repeats + 2):  # two warm-up steps
+        _synchronize(device)
+        start = time.perf_counter()
+        step()
+        _synchronize(device)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
-    The cache is cropped back to the prefix before every timed step, so each step sees the
-    same context length, as a verification step does.
-    """
+
+def torch_step(model, prefix: int):
+    """A function of T tokens running HF's own forward over them after `prefix` cached tokens
+    (the cache cropped back to the prefix every time, as a verification step sees it)."""
     from transformers import DynamicCache
 
     device = str(model.device)
-    vocab = model.config.vocab_size
     cache = DynamicCache(config=model.config)
-    prompt = torch.randint(vocab, (1, prefix), device=device)
+    prompt = torch.randint(model.config.vocab_size, (1, prefix), device=device)
     model(input_ids=prompt, past_key_values=cache, use_cache=True)
-    result = {}
-    for t in tokens:
-        new = torch.randint(vocab, (1, t), device=device)
-        positions = torch.arange(prefix, prefix + t, device=device).unsqueeze(0)
-        times = []
-        for i in range(repeats + 2):  # two warm-up steps
-            _crop(cache, prefix)
-            _synchronize(device)
-            start = time.perf_counter()
-            model(input_ids=new, past_key_values=cache, position_ids=positions, use_cache=True)
-            _synchronize(device)
-            if i >= 2:
-                times.append(time.perf_counter() - start)
-        result[t] = statistics.median(times) * 1e3
+
+    def step(new):
+        positions = torch.arange(prefix, prefix + new.shape[1], device=device).unsqueeze(0)
+        _crop(cache, prefix)
+        model(input_ids=new, past_key_values=cache, position_ids=positions, use_cache=True)
+
+    return step
+
+
+def engine_step(model, prefix: int, capacity: int):
+    """The same through the engine's ModelRunner (its cache and default kernels); rows past
+    the prefix are rewritten by every call and never committed. Returns (step, runner)."""
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    runner = ModelRunner(model)
+    cache = runner.new_cache(1, capacity)
+    runner.append(cache, [torch.randint(model.config.vocab_size, (prefix,)).tolist()])
+    return (lambda new: runner.forward(cache, new, cache.host_lens)), runner
+
+
+@torch.inference_mode()
+def step_latencies(model, prefix: int, tokens: list[int], repeats: int) -> dict[str, dict]:
+    """Median latency (ms) of one forward over T tokens after `prefix` cached tokens, per T,
+    for the engine's and torch's paths (interleaved, T by T)."""
+    device = str(model.device)
+    vocab = model.config.vocab_size
+    engine, runner = engine_step(model, prefix, prefix + max(tokens))
+    baseline = torch_step(model, prefix)
+    result = {"engine": {}, "torch": {}}
+    try:
+        for t in tokens:
+            new = torch.randint(vocab, (1, t), device=device)
+            result["engine"][t] = _median_ms(lambda: engine(new), device, repeats)
+            runner.release()  # torch's path runs the model's own attention
+            result["torch"][t] = _median_ms(lambda: baseline(new), device, repeats)
+    finally:
+        runner.release()
     return result
 
 
@@ -121,22 +159,28 @@ def main(argv=None) -> None:
         if name not in MODEL_SHAPES:
             raise SystemExit(f"unknown model {name!r}; choose from {sorted(MODEL_SHAPES)}")
         model = build_model(name, args.device, dtype)
-        latencies = step_latencies(model, args.prefix, tokens, args.repeats)
-        base = latencies[tokens[0]]
+        paths = step_latencies(model, args.prefix, tokens, args.repeats)
+        engine, baseline = paths["engine"], paths["torch"]
+        base, torch_base = engine[tokens[0]], baseline[tokens[0]]
         report["models"][name] = {
             "layers": model.config.num_hidden_layers,
-            "latency_ms": {str(t): round(ms, 3) for t, ms in latencies.items()},
-            "relative_cost": {str(t): round(ms / base, 3) for t, ms in latencies.items()},
+            "latency_ms": {str(t): round(ms, 3) for t, ms in engine.items()},
+            "relative_cost": {str(t): round(ms / base, 3) for t, ms in engine.items()},
+            "torch_latency_ms": {str(t): round(ms, 3) for t, ms in baseline.items()},
+            "torch_relative_cost": {str(t): round(ms / torch_base, 3) for t, ms in baseline.items()},
         }
-        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}):")
-        for t, ms in latencies.items():
-            print(f"  T={t:4d}  {ms:9.2f} ms  {ms / base:6.2f}x")
+        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}): engine | torch")
+        for t in tokens:
+            print(f"  T={t:4d}  {engine[t]:9.2f} ms {engine[t] / base:6.2f}x | "
+                  f"{baseline[t]:9.2f} ms {baseline[t] / torch_base:6.2f}x "
+                  f"({engine[t] / torch_base:5.2f}x torch's c(1))")
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+        # After every model: a run stopped at a time limit keeps the models it measured.
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

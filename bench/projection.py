@@ -7,12 +7,17 @@ device of interest. Their combination, for each method:
 
     projected speedup = tau * c(1) / (mean c(W) + draft cost per step)
 
-where c(T) is the target's forward latency over T tokens, W the tokens verified in a step
+where c(T) is the target's forward latency over T tokens through the engine, W the tokens
+verified in a step
 (averaged over the steps' recorded widths),
 and the draft cost is D draft forwards of the first L of N layers, about D * (L / N) * c(1),
-for layer-skip drafting, and the host time measured per step for prompt lookup. Methods whose
+for layer-skip drafting, the host time measured per step for prompt lookup, lookahead and
+Jacobi decoding (whose window rows are part of W), and ``head_cost_fraction * c(1)`` for
+drafters that report it (Medusa and blockwise heads: their weights over the target's). Methods whose
 draft cost cannot be derived (a separate draft model without its own curve, HF's early exit)
-are listed without a projection.
+are listed without a projection. When the curve also holds torch's own path (what HF
+``generate`` runs), the speedup over HF ``generate`` is projected too: the same with
+c_torch(1) in the numerator.
 
     python3 -m bench.projection --curve curve-h100.json --model 135m \\
         --results bench_results/results.json [--out projection.md]
@@ -49,8 +54,11 @@ def draft_cost_ms(method: str, row: dict, settings: dict, c1: float, depth: int)
     """Draft time per step on the projected device, or None when it cannot be derived."""
     if method == "ours-autoregressive" or method == "hf-generate":
         return 0.0
-    if method.endswith("prompt-lookup"):
-        # Host-side n-gram matching: its measured time per step carries over.
+    if settings.get("head_cost_fraction") is not None:
+        return settings["head_cost_fraction"] * c1
+    if method.endswith("prompt-lookup") or method in ("ours-lookahead", "ours-jacobi"):
+        # Host-side n-gram matching (lookahead's and Jacobi's guesses run inside the
+        # verification forward, counted in its width): the measured host time carries over.
         if row.get("drafter_seconds_per_step") is not None:
             return 1e3 * row["drafter_seconds_per_step"]
         return 0.0
@@ -65,6 +73,8 @@ def project(results: dict, curve: dict, model: str) -> list:
     """Rows of (method, inputs, projected speedup) for every method of a harness run."""
     latencies = curve["models"][model]["latency_ms"]
     c1 = interpolate(latencies, 1)
+    torch_curve = curve["models"][model].get("torch_latency_ms")
+    hf_c1 = interpolate(torch_curve, 1) if torch_curve else None
     depth = results["config"].get("target_layers") or curve["models"][model].get("layers")
     rows = []
     for method, per_category in results["figures"].items():
@@ -82,30 +92,34 @@ def project(results: dict, curve: dict, model: str) -> list:
             "step_ms": step,
             "draft_ms": draft,
             "projected_speedup": None if draft is None else tau * c1 / (step + draft),
+            "projected_vs_hf": None if draft is None or hf_c1 is None else tau * hf_c1 / (step + draft),
             "measured_speedup_here": row.get("speedup"),
         })
     return rows
 
 
 def markdown(rows: list, curve: dict, model: str, results: dict) -> str:
-    c1 = interpolate(curve["models"][model]["latency_ms"], 1)
+    shape = curve["models"][model]
+    c1 = interpolate(shape["latency_ms"], 1)
+    torch_c1 = (f"; HF's own c(1) = {interpolate(shape['torch_latency_ms'], 1):.2f} ms"
+                if shape.get("torch_latency_ms") else "")
+    fmt = lambda v: "—" if v is None else f"{v:.2f}×"  # noqa: E731
     lines = [
         f"Projection for the {model} shape on {curve['device']} ({curve['dtype']}, prefix "
-        f"{curve['prefix']}; c(1) = {c1:.2f} ms), from acceptance measured on "
+        f"{curve['prefix']}; engine c(1) = {c1:.2f} ms{torch_c1}), from acceptance measured on "
         f"{results['config']['device']} with target {results['config']['target']}. "
         "A projection, not a measurement: speedup = τ·c(1) / (mean c(W) + draft).",
         "",
         "| method | τ (tokens/step) | mean W (tokens verified/step) | mean c(W) ms | draft ms/step | "
-        "projected speedup vs plain decoding | measured here vs HF generate |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "projected vs plain decoding | projected vs HF generate | measured here vs HF generate |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         draft = "—" if r["draft_ms"] is None else f"{r['draft_ms']:.2f}"
-        projected = "—" if r["projected_speedup"] is None else f"{r['projected_speedup']:.2f}×"
-        measured = "—" if r["measured_speedup_here"] is None else f"{r['measured_speedup_here']:.2f}×"
         lines.append(
             f"| {r['method']} | {r['tau']:.2f} | {r['verify_width']:.1f} | {r['step_ms']:.2f} | "
-            f"{draft} | {projected} | {measured} |"
+            f"{draft} | {fmt(r['projected_speedup'])} | {fmt(r.get('projected_vs_hf'))} | "
+            f"{fmt(r['measured_speedup_here'])} |"
         )
     return "\n".join(lines) + "\n"
 

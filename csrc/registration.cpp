@@ -77,6 +77,12 @@ TORCH_LIBRARY(specdec, m) {
       "Tensor temperature, Tensor top_k, Tensor top_p, Tensor min_p, Tensor seed, Tensor offset, "
       "float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor, Tensor)");
 
+  // Per thread: whether the CUDA sampling and verification ops defer the check of their
+  // device-side error codes instead of synchronising after each call (returns the previous
+  // setting), and the deferred checks run in call order, raising the first error found.
+  m.def("set_deferred_errors(bool enabled) -> bool");
+  m.def("raise_deferred_errors() -> ()");
+
   // ---------------------------------------------------------------- tree attention
   // Masks and positions of a batch of trees. parents [B, T]: parents[b, 0] = -1 (the root),
   // 0 <= parents[b, j] < j for the other nodes, -2 for padding nodes (all -2: no tree).
@@ -95,4 +101,26 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, "
       "Tensor tree_mask, float scale) -> Tensor");
+
+  // ---------------------------------------------------------------- small-batch linear
+  // out = x @ weight^T (+ bias) for x [..., K], weight [N, K], bias [N] (all float32 or all
+  // bfloat16; float32 accumulation): out [..., N]. On CPU every output element is reduced in one
+  // fixed order whatever the number of rows (batch-invariant; see csrc/linear.cpp); CUDA calls
+  // torch's linear.
+  m.def("small_batch_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  // The instruction set of the CPU kernels (avx512_bf16, avx512, avx2 or portable). cap >= 0
+  // caps it (0 portable .. 3 avx512_bf16; for tests), -1 lifts the cap, -2 only asks.
+  m.def("cpu_isa(int cap=-2) -> str");
+
+  // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block
+  // (block columns: the tree's nodes, then num_rows window rows). Request b's window has
+  // levels[b] levels of window[b] columns; cell (l, i) sits i + l positions after the root,
+  // cell (0, 0) is the root itself (block column 0) and cell (l, i) is window row
+  // l * window[b] + i - 1. Row (l, i) attends to the root, cells (0, 1..i) and cells
+  // (1..l, i). Returns mask [B, num_rows, tree_nodes + num_rows] bool, packed_mask
+  // [B, num_rows, ceil((tree_nodes + num_rows) / 32)] int32 and positions [B, num_rows] int64
+  // (offsets from the root's position; padding rows: -1 and a mask holding only themselves).
+  m.def(
+      "build_lookahead_masks(Tensor window, Tensor levels, int tree_nodes, int num_rows) -> "
+      "(Tensor mask, Tensor packed_mask, Tensor positions)");
 }

@@ -31,20 +31,33 @@ void sample_rows_cpu(const at::Tensor& logits, const ParamPointers& params, int 
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
   const scalar_t* base = logits.const_data_ptr<scalar_t>();
+  // Fewer rows than threads: rows one after another, each split over the threads by chunks.
+  const bool split_rows = rows < at::get_num_threads();
+  auto sample_row = [&](CpuRow& row, int64_t n) {
+    tokens[n] = -1;
+    if (errors[n] != kNoError) return;
+    const scalar_t* l = base + n * vocab;
+    const RowParams p = params.at(n);
+    // Greedy rows only need the scan; others are copied in the same pass.
+    const rows::Scan scan = p.greedy() ? scan_row(l, vocab, split_rows) : row.load(l, vocab, mantissa);
+    if (!scan.valid()) {
+      errors[n] = encode_error(kErrLogits, n);
+      return;
+    }
+    if (p.greedy()) row.load_greedy(vocab, scan);
+    row.process(p, /*with_entropy=*/false);
+    tokens[n] = row.draw_target(uniforms_at(p.seed, p.offset, 0, kStreamSample).sample);
+    if (probs != nullptr) row.write_probs(probs + n * vocab);
+  };
+  if (split_rows) {
+    CpuRow row;
+    row.set_parallel(true);
+    for (int64_t n = 0; n < rows; ++n) sample_row(row, n);
+    return;
+  }
   at::parallel_for(0, rows, row_grain(vocab), [&](int64_t begin, int64_t end) {
     CpuRow row;
-    for (int64_t n = begin; n < end; ++n) {
-      tokens[n] = -1;
-      if (errors[n] != kNoError) continue;
-      if (!row.load(base + n * vocab, vocab, mantissa)) {
-        errors[n] = encode_error(kErrLogits, n);
-        continue;
-      }
-      const RowParams p = params.at(n);
-      row.process(p, /*with_entropy=*/false);
-      tokens[n] = row.draw_target(uniforms_at(p.seed, p.offset, 0, kStreamSample).sample);
-      if (probs != nullptr) row.write_probs(probs + n * vocab);
-    }
+    for (int64_t n = begin; n < end; ++n) sample_row(row, n);
   });
 }
 

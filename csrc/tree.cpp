@@ -1,14 +1,11 @@
 // CPU kernels of the tree ops: the mask builder and tree attention.
 //
-// Tree attention mirrors the CUDA kernels' tile logic: a task is a block of tree tokens times the
-// query heads of one KV head; each key tile (converted to float once) serves all its rows through
-// two small GEMMs (scores = Q K^T, acc += P V), with a per-tile online softmax in fp32 between.
+// Tree attention: a task is up to 16 (token, query head) rows of one KV head; scores, softmax
+// and the value sum are computed in an order that makes every row's result independent of the
+// others (batch-invariant; see tree_attention_cpu_kernel).
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/addmm.h>
-#include <ATen/ops/from_blob.h>
-#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -17,6 +14,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_dot.h"
+#include "cuda/kernels/sampling.cuh"
 #include "tree_common.h"
 
 namespace specdec {
@@ -80,53 +79,224 @@ build_tree_masks_cpu(const at::Tensor& parents, const at::Tensor& prefix_lens) {
   return {out.mask, out.packed, out.position_ids, out.depth, out.retrieve_paths, out.num_leaves};
 }
 
+// ------------------------------------------------------------------------- build_lookahead_masks
+
+template <typename index_t>
+void build_lookahead_masks_cpu_kernel(const at::Tensor& window, const at::Tensor& levels,
+                                      int64_t tree_nodes, int64_t num_rows,
+                                      LookaheadOutputs& out) {
+  const int64_t batch = window.size(0);
+  const int64_t columns = tree_nodes + num_rows;
+  const int64_t words = tree_mask_words(columns);
+  const index_t* w = window.const_data_ptr<index_t>();
+  const index_t* l = levels.const_data_ptr<index_t>();
+  int32_t* packed = out.packed.mutable_data_ptr<int32_t>();
+  bool* dense = out.mask.mutable_data_ptr<bool>();
+  int64_t* positions = out.positions.mutable_data_ptr<int64_t>();
+  at::parallel_for(0, batch * num_rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / num_rows;
+      const int64_t rows = lookahead_rows(w[b], l[b], num_rows);  // <= num_rows: checked
+      int32_t* row = packed + i * words;
+      positions[i] = lookahead_row(i - b * num_rows, w[b], rows, tree_nodes, row, words);
+      for (int64_t k = 0; k < columns; ++k) dense[i * columns + k] = tree_mask_bit(row, k);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_lookahead_masks_cpu(
+    const at::Tensor& window, const at::Tensor& levels, int64_t tree_nodes, int64_t num_rows) {
+  check_lookahead_args(window, levels, tree_nodes, num_rows);
+  LookaheadOutputs out = empty_lookahead_outputs(window, tree_nodes, num_rows);
+  AT_DISPATCH_INDEX_TYPES(window.scalar_type(), "build_lookahead_masks_cpu", [&] {
+    check_lookahead_values<index_t>(window, levels, tree_nodes, num_rows);
+    build_lookahead_masks_cpu_kernel<index_t>(window, levels, tree_nodes, num_rows, out);
+  });
+  return {out.mask, out.packed, out.positions};
+}
+
 // ------------------------------------------------------------------------- tree_attention
 
-constexpr int64_t kTokensPerTask = 16;
-constexpr int64_t kKeyTile = 256;
+// Query rows per task: (token, head-in-group) pairs of one KV head, in that order.
+constexpr int64_t kRows = 16;
 
-// One task's K or V tile as a float [tile, D] matrix: a strided view of the cache itself for
+// Auto-vectorised loops compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time).
+// Every loop is elementwise over rows or head dims, so each element sees the same operations in
+// the same order on every instruction set: the results do not depend on the one picked.
+#if SPECDEC_X86
+#define SPECDEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define SPECDEC_CLONES
+#endif
+
+// Scores of kRows rows stored key-major ([keys][kRows], -inf where masked) become unnormalised
+// probabilities exp(s - max) (exact zeros where masked); row_sum gets their sums, added in key
+// order. A row that sees no key keeps max = -inf and sum = 0.
+SPECDEC_CLONES void softmax_key_major(float* __restrict scores, int64_t keys,
+                                      float* __restrict row_sum) {
+  float row_max[kRows];
+  for (int64_t r = 0; r < kRows; ++r) row_max[r] = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < keys; ++s)
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float x = scores[s * kRows + r];
+      row_max[r] = x > row_max[r] ? x : row_max[r];
+    }
+  float shift[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    shift[r] = row_max[r] == -std::numeric_limits<float>::infinity() ? 0.0f : row_max[r];
+    row_sum[r] = 0.0f;
+  }
+  for (int64_t s = 0; s < keys; ++s)
+    for (int64_t r = 0; r < kRows; ++r) {
+      const float e = specdec_exp(sub_rn(scores[s * kRows + r], shift[r]));  // -inf -> 0
+      scores[s * kRows + r] = e;
+      row_sum[r] = add_rn(row_sum[r], e);
+    }
+}
+
+// acc[r, :] += p[s, r] * v[s, :] for every key s in order (keys a row does not see add nothing).
+SPECDEC_CLONES void accumulate_values(const float* __restrict probs, const float* __restrict values,
+                                      int64_t value_stride, int64_t keys, int64_t rows,
+                                      int64_t head_dim, float* __restrict acc) {
+  for (int64_t s = 0; s < keys; ++s) {
+    const float* v = values + s * value_stride;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float p = probs[s * kRows + r];
+      if (p == 0.0f) continue;
+      float* a = acc + r * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) a[d] = add_rn(a[d], mul_rn(p, v[d]));
+    }
+  }
+}
+
+#if SPECDEC_X86
+// AVX-512 forms of the three steps. Scores and the value sums use FMAs (results differ from the
+// portable loops by rounding, like the dot tiles; see cpu_simd.h); the softmax is bit-identical.
+
+// scores[key, r] = sum_d q_t[d, r] * k[key, d], one FMA chain per (key, r) in d order; q_t is
+// the kRows query rows transposed ([D][kRows]).
+SPECDEC_TARGET_AVX512 void scores_avx512(const float* q_t, const float* k, int64_t k_stride,
+                                         int64_t keys, int64_t head_dim, float* scores) {
+  constexpr int kKeys = 8;
+  int64_t s = 0;
+  for (; s + kKeys <= keys; s += kKeys) {
+    __m512 acc[kKeys];
+    for (int i = 0; i < kKeys; ++i) acc[i] = _mm512_setzero_ps();
+    const float* key = k + s * k_stride;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const __m512 qd = _mm512_loadu_ps(q_t + d * kRows);
+#pragma GCC unroll 8
+      for (int i = 0; i < kKeys; ++i)
+        acc[i] = _mm512_fmadd_ps(qd, _mm512_set1_ps(key[i * k_stride + d]), acc[i]);
+    }
+    for (int i = 0; i < kKeys; ++i) _mm512_storeu_ps(scores + (s + i) * kRows, acc[i]);
+  }
+  for (; s < keys; ++s) {
+    __m512 acc = _mm512_setzero_ps();
+    const float* key = k + s * k_stride;
+    for (int64_t d = 0; d < head_dim; ++d)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q_t + d * kRows), _mm512_set1_ps(key[d]), acc);
+    _mm512_storeu_ps(scores + s * kRows, acc);
+  }
+}
+
+// softmax_key_major with the 16 rows in the lanes of one register.
+SPECDEC_TARGET_AVX512 void softmax_key_major_avx512(float* scores, int64_t keys, float* row_sum) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 row_max = neg_inf;
+  for (int64_t s = 0; s < keys; ++s) row_max = _mm512_max_ps(_mm512_loadu_ps(scores + s * kRows), row_max);
+  const __mmask16 empty = _mm512_cmp_ps_mask(row_max, neg_inf, _CMP_EQ_OQ);
+  const __m512 shift = _mm512_mask_blend_ps(empty, row_max, _mm512_setzero_ps());
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t s = 0; s < keys; ++s) {
+    const __m512 e = simd::exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + s * kRows), shift));
+    _mm512_storeu_ps(scores + s * kRows, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  _mm512_storeu_ps(row_sum, sum);
+}
+
+// acc[r, d] = sum over keys in order of p[key, r] * v[key, d] (FMA chains), 4 rows x 64 dims
+// of accumulators at a time; keys none of the 4 rows sees are skipped.
+SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const float* values,
+                                                    int64_t value_stride, int64_t keys,
+                                                    int64_t rows, int64_t head_dim, float* acc) {
+  constexpr int kRowBlock = 4, kDimVectors = 4;
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kDimVectors) {
+    __mmask16 masks[kDimVectors];
+    for (int j = 0; j < kDimVectors; ++j) {
+      const int64_t left = std::max<int64_t>(0, std::min<int64_t>(16, head_dim - d0 - 16 * j));
+      masks[j] = static_cast<__mmask16>((1u << left) - 1u);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      __m512 a[kRowBlock][kDimVectors];
+      for (int i = 0; i < kRowBlock; ++i)
+        for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm512_setzero_ps();
+      for (int64_t s = 0; s < keys; ++s) {
+        const __m128 p = _mm_loadu_ps(probs + s * kRows + r0);  // rows past `rows` are 0
+        if (_mm_movemask_ps(_mm_cmpneq_ps(p, _mm_setzero_ps())) == 0) continue;
+        const float* v = values + s * value_stride + d0;
+        __m512 vv[kDimVectors];
+#pragma GCC unroll 4
+        for (int j = 0; j < kDimVectors; ++j) vv[j] = _mm512_maskz_loadu_ps(masks[j], v + 16 * j);
+#pragma GCC unroll 4
+        for (int i = 0; i < kRowBlock; ++i) {
+          const __m512 pi = _mm512_set1_ps(probs[s * kRows + r0 + i]);
+#pragma GCC unroll 4
+          for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm512_fmadd_ps(pi, vv[j], a[i][j]);
+        }
+      }
+      for (int i = 0; i < kRowBlock && r0 + i < rows; ++i)
+        for (int j = 0; j < kDimVectors; ++j)
+          _mm512_mask_storeu_ps(acc + (r0 + i) * head_dim + d0 + 16 * j, masks[j], a[i][j]);
+    }
+  }
+}
+#endif
+
+// Rows [0, keys) of a K or V cache slice as float32 rows `stride` apart: the cache itself for
 // float32, else a converted copy in `buffer`.
 template <typename scalar_t>
-at::Tensor key_tile(const scalar_t* rows, int64_t row_stride, int64_t tile, int64_t head_dim,
-                    std::vector<float>& buffer) {
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
+const float* float_rows(const scalar_t* rows, int64_t row_stride, int64_t keys, int64_t head_dim,
+                        std::vector<float>& buffer, int64_t& stride) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    return at::from_blob(const_cast<float*>(rows), {tile, head_dim}, {row_stride, 1}, opts);
+    stride = row_stride;
+    return rows;
   } else {
-    for (int64_t i = 0; i < tile; ++i)
+    buffer.resize(keys * head_dim);
+    for (int64_t i = 0; i < keys; ++i)
       for (int64_t d = 0; d < head_dim; ++d)
         buffer[i * head_dim + d] = static_cast<float>(rows[i * row_stride + d]);
-    return at::from_blob(buffer.data(), {tile, head_dim}, opts);
+    stride = head_dim;
+    return buffer.data();
   }
 }
 
-// Online softmax over one tile of scores (in place: scores become probabilities, 0 where
-// masked). Returns the factor the row's earlier accumulators must be scaled by.
-float softmax_tile_row(float* scores, int64_t tile, int64_t key0, int64_t cache_len,
-                       const int32_t* bits, float& row_max, float& row_sum) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float tile_max = kNegInf;
-  for (int64_t i = 0; i < tile; ++i) {
-    if (!tree_key_visible(bits, key0 + i, cache_len)) scores[i] = kNegInf;
-    tile_max = std::max(tile_max, scores[i]);
-  }
-  if (tile_max == kNegInf) {  // nothing visible to this row in this tile
-    std::fill(scores, scores + tile, 0.f);
-    return 1.f;
-  }
-  const float new_max = std::max(row_max, tile_max);
-  const float rescale = std::exp(row_max - new_max);  // 0 on the first visible tile
-  float tile_sum = 0.f;
-  for (int64_t i = 0; i < tile; ++i) {
-    scores[i] = std::exp(scores[i] - new_max);  // exp(-inf) = 0 for masked keys
-    tile_sum += scores[i];
-  }
-  row_sum = row_sum * rescale + tile_sum;
-  row_max = new_max;
-  return rescale;
+// The AVX-512 scores of 16 query rows (transposed into q_t first); a no-op elsewhere.
+inline void score_rows_avx512(const float* q_rows, float* q_t, int64_t head_dim, const float* k,
+                              int64_t k_stride, int64_t keys, float* scores) {
+#if SPECDEC_X86
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t d = 0; d < head_dim; ++d) q_t[d * kRows + r] = q_rows[r * head_dim + d];
+  scores_avx512(q_t, k, k_stride, keys, head_dim, scores);
+#else
+  (void)q_rows, (void)q_t, (void)head_dim, (void)k, (void)k_stride, (void)keys, (void)scores;
+#endif
 }
 
+// Highest tree node visible to a mask row, or -1.
+inline int64_t last_visible_node(const int32_t* row, int64_t words) {
+  for (int64_t w = words - 1; w >= 0; --w)
+    if (row[w] != 0) return w * 32 + 31 - __builtin_clz(static_cast<uint32_t>(row[w]));
+  return -1;
+}
+
+// Batch-invariant tree attention. Each row's output depends only on its own query, the keys and
+// values it sees and their order: scores are fixed-order dot products (cpu_dot.h), the softmax
+// takes the exact maximum and sums exp(s - max) in key order, the values are accumulated in key
+// order, and unseen keys contribute exact zeros (or are skipped). So a token's output is
+// bit-identical whether it is verified in a tree of T tokens, alone, or decoded one at a time
+// after its ancestors were committed (then at other cache rows, but in the same order).
 template <typename scalar_t, typename index_t>
 void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& cache_lens,
@@ -134,7 +304,8 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
                                const TreeAttentionShape& s) {
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t head_dim = s.head_dim;
-  const int64_t token_blocks = ceil_div(s.tokens, kTokensPerTask);
+  const int64_t total_rows = s.tokens * group;
+  const int64_t row_blocks = ceil_div(total_rows, kRows);
   const scalar_t* q_ptr = q.const_data_ptr<scalar_t>();
   const scalar_t* k_ptr = k_cache.const_data_ptr<scalar_t>();
   const scalar_t* v_ptr = v_cache.const_data_ptr<scalar_t>();
@@ -144,59 +315,80 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const auto qs = q.strides();
   const auto ks = k_cache.strides();
   const auto vs = v_cache.strides();
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const int level = simd::max_level();
+  const dot::TileTable& tiles = dot::tiles_for<float>(level);
+  const bool avx512 = SPECDEC_X86 && level >= simd::kAvx512;
 
-  at::parallel_for(0, s.batch * s.kv_heads * token_blocks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t max_rows = kTokensPerTask * group;
-    std::vector<float> q_buf(max_rows * head_dim), acc_buf(max_rows * head_dim);
-    std::vector<float> k_buf(kKeyTile * head_dim), v_buf(kKeyTile * head_dim);
-    std::vector<float> score_buf(max_rows * kKeyTile);
-    std::vector<float> row_max(max_rows), row_sum(max_rows), rescale(max_rows);
+  at::parallel_for(0, s.batch * s.kv_heads * row_blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_rows(kRows * head_dim), q_t(kRows * head_dim), acc(kRows * head_dim);
+    std::vector<float> scores, k_buf, v_buf;
+    float row_sum[kRows];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t tb = task % token_blocks;
-      const int64_t h = (task / token_blocks) % s.kv_heads;
-      const int64_t b = task / (token_blocks * s.kv_heads);
-      const int64_t t0 = tb * kTokensPerTask;
-      const int64_t rows = std::min(kTokensPerTask, s.tokens - t0) * group;
+      const int64_t block = task % row_blocks;
+      const int64_t h = (task / row_blocks) % s.kv_heads;
+      const int64_t b = task / (row_blocks * s.kv_heads);
+      const int64_t i0 = block * kRows;
+      const int64_t rows = std::min(kRows, total_rows - i0);
       const int64_t cache_len = lens[b];
-      const int64_t num_keys = cache_len + s.tokens;
-
-      // Row r is tree token t0 + r / group, query head h * group + r % group.
+      // Row r is tree token (i0 + r) / group, query head h * group + (i0 + r) % group.
+      const int32_t* row_mask[kRows];
+      int64_t last_node = -1;
+      std::fill(q_rows.begin(), q_rows.end(), 0.0f);
       for (int64_t r = 0; r < rows; ++r) {
-        const scalar_t* src = q_ptr + b * qs[0] + (t0 + r / group) * qs[1] +
-                              (h * group + r % group) * qs[2];
-        for (int64_t d = 0; d < head_dim; ++d) q_buf[r * head_dim + d] = static_cast<float>(src[d]) * scale;
+        const int64_t t = (i0 + r) / group, g = (i0 + r) % group;
+        const scalar_t* src = q_ptr + b * qs[0] + t * qs[1] + (h * group + g) * qs[2];
+        for (int64_t d = 0; d < head_dim; ++d)
+          q_rows[r * head_dim + d] = mul_rn(static_cast<float>(src[d]), scale);
+        row_mask[r] = mask + (b * s.tokens + t) * s.words;
+        last_node = std::max(last_node, last_visible_node(row_mask[r], s.words));
       }
-      const at::Tensor q_rows = at::from_blob(q_buf.data(), {rows, head_dim}, opts);
-      at::Tensor acc = at::from_blob(acc_buf.data(), {rows, head_dim}, opts);
-      acc.zero_();
-      std::fill(row_max.begin(), row_max.begin() + rows, -std::numeric_limits<float>::infinity());
-      std::fill(row_sum.begin(), row_sum.begin() + rows, 0.f);
-
-      for (int64_t k0 = 0; k0 < num_keys; k0 += kKeyTile) {
-        const int64_t tile = std::min(kKeyTile, num_keys - k0);
-        const at::Tensor keys = key_tile(k_ptr + b * ks[0] + h * ks[1] + k0 * ks[2], ks[2], tile, head_dim, k_buf);
-        const at::Tensor values = key_tile(v_ptr + b * vs[0] + h * vs[1] + k0 * vs[2], vs[2], tile, head_dim, v_buf);
-        at::Tensor scores = at::from_blob(score_buf.data(), {rows, tile}, opts);
-        at::mm_out(scores, q_rows, keys.t());
-        for (int64_t r = 0; r < rows; ++r) {
-          const int32_t* bits = mask + (b * s.tokens + t0 + r / group) * s.words;
-          rescale[r] = softmax_tile_row(score_buf.data() + r * tile, tile, k0, cache_len, bits,
-                                        row_max[r], row_sum[r]);
-          if (rescale[r] != 1.f) {
-            float* ar = acc_buf.data() + r * head_dim;
-            for (int64_t d = 0; d < head_dim; ++d) ar[d] *= rescale[r];
+      const int64_t keys = cache_len + last_node + 1;
+      if (keys > 0) {
+        int64_t k_stride = 0, v_stride = 0;
+        const float* k_rows = float_rows(k_ptr + b * ks[0] + h * ks[1], ks[2], keys, head_dim, k_buf, k_stride);
+        const float* v_rows = float_rows(v_ptr + b * vs[0] + h * vs[1], vs[2], keys, head_dim, v_buf, v_stride);
+        // scores[key, r] = (scaled q_r) . k_key, key-major; then the tree mask.
+        scores.resize(keys * kRows);
+        if (avx512) {
+          score_rows_avx512(q_rows.data(), q_t.data(), head_dim, k_rows, k_stride, keys, scores.data());
+        } else {
+          for (int64_t r0 = 0; r0 < rows; r0 += dot::kWeightTile) {
+            const int nr = static_cast<int>(std::min<int64_t>(dot::kWeightTile, rows - r0));
+            for (int64_t k0 = 0; k0 < keys; k0 += dot::kMaxRowTile) {
+              const int mr = static_cast<int>(std::min<int64_t>(dot::kMaxRowTile, keys - k0));
+              tiles.table[mr - 1][nr - 1](k_rows + k0 * k_stride, k_stride,
+                                          q_rows.data() + r0 * head_dim, head_dim, head_dim,
+                                          nullptr, scores.data() + k0 * kRows + r0, kRows,
+                                          nullptr, 0);
+            }
           }
         }
-        acc.addmm_(scores, values);
+        constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+        for (int64_t key = cache_len; key < keys; ++key)
+          for (int64_t r = 0; r < kRows; ++r)
+            if (r >= rows || !tree_mask_bit(row_mask[r], key - cache_len)) scores[key * kRows + r] = kNegInf;
+        for (int64_t r = rows; r < kRows; ++r)
+          for (int64_t key = 0; key < cache_len; ++key) scores[key * kRows + r] = kNegInf;
+        std::fill(acc.begin(), acc.end(), 0.0f);
+#if SPECDEC_X86
+        if (avx512) {
+          softmax_key_major_avx512(scores.data(), keys, row_sum);
+          accumulate_values_avx512(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
+        } else
+#endif
+        {
+          softmax_key_major(scores.data(), keys, row_sum);
+          accumulate_values(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
+        }
+      } else {
+        std::fill(row_sum, row_sum + kRows, 0.0f);
       }
-
       // Rows that saw no key at all (an empty mask row over an empty prefix) are zero.
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = t0 + r / group;
-        scalar_t* dst = out_ptr + ((b * s.tokens + t) * s.q_heads + h * group + r % group) * head_dim;
-        const float inv = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<scalar_t>(acc_buf[r * head_dim + d] * inv);
+        const int64_t t = (i0 + r) / group, g = (i0 + r) % group;
+        scalar_t* dst = out_ptr + ((b * s.tokens + t) * s.q_heads + h * group + g) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d)
+          dst[d] = static_cast<scalar_t>(row_sum[r] > 0.f ? div_rn(acc[r * head_dim + d], row_sum[r]) : 0.f);
       }
     }
   });
@@ -223,6 +415,7 @@ at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("build_tree_masks", &build_tree_masks_cpu);
+  m.impl("build_lookahead_masks", &build_lookahead_masks_cpu);
   m.impl("tree_attention", &tree_attention_cpu);
 }
 

@@ -71,6 +71,52 @@ inline TreeMaskOutputs empty_tree_mask_outputs(const at::Tensor& parents) {
           at::empty({batch}, opts.dtype(at::kLong))};
 }
 
+// ------------------------------------------------------------------------- build_lookahead_masks
+
+inline void check_lookahead_args(const at::Tensor& window, const at::Tensor& levels,
+                                 int64_t tree_nodes, int64_t num_rows) {
+  check_index_dtype(window, "window");
+  TORCH_CHECK_VALUE(window.dim() == 1, "window must have shape [B], got ", window.sizes());
+  check_tensor(window, "window", window.sizes(), window.scalar_type(), window.device());
+  check_tensor(levels, "levels", window.sizes(), window.scalar_type(), window.device());
+  TORCH_CHECK_VALUE(tree_nodes >= 0, "tree_nodes must be >= 0, got ", tree_nodes);
+  TORCH_CHECK_VALUE(num_rows >= 0, "num_rows must be >= 0, got ", num_rows);
+}
+
+// Value checks on CPU copies: non-negative sizes, every window fits in num_rows rows, and a
+// request with window rows has a root to attend to.
+template <typename index_t>
+void check_lookahead_values(const at::Tensor& window, const at::Tensor& levels,
+                            int64_t tree_nodes, int64_t num_rows) {
+  const index_t* w = window.const_data_ptr<index_t>();
+  const index_t* l = levels.const_data_ptr<index_t>();
+  for (int64_t b = 0; b < window.size(0); ++b) {
+    TORCH_CHECK_VALUE(w[b] >= 0, "window[", b, "] = ", w[b], " is negative");
+    TORCH_CHECK_VALUE(l[b] >= 0, "levels[", b, "] = ", l[b], " is negative");
+    const int64_t rows = lookahead_rows(w[b], l[b], num_rows);
+    TORCH_CHECK_VALUE(rows <= num_rows, "request ", b, ": a window of ", w[b], " columns and ",
+                      l[b], " levels has window * levels - 1 rows, more than num_rows = ",
+                      num_rows);
+    TORCH_CHECK_VALUE(rows == 0 || tree_nodes >= 1, "request ", b,
+                      " has window rows but tree_nodes = 0: the rows attend to the root, "
+                      "block column 0");
+  }
+}
+
+struct LookaheadOutputs {
+  at::Tensor mask, packed, positions;
+};
+
+inline LookaheadOutputs empty_lookahead_outputs(const at::Tensor& window, int64_t tree_nodes,
+                                                int64_t num_rows) {
+  const int64_t batch = window.size(0);
+  const int64_t columns = tree_nodes + num_rows;
+  const auto opts = window.options();
+  return {at::empty({batch, num_rows, columns}, opts.dtype(at::kBool)),
+          at::empty({batch, num_rows, tree_mask_words(columns)}, opts.dtype(at::kInt)),
+          at::empty({batch, num_rows}, opts.dtype(at::kLong))};
+}
+
 // ------------------------------------------------------------------------- tree_attention
 
 // Geometry of one tree_attention call. Strides are in elements.

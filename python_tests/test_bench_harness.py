@@ -83,6 +83,8 @@ def test_summarize_figures():
     assert base["tokens_per_step"] == 1.0  # HF's prefill yields the first token
     assert ours["verify_width"] == 4.0
     assert ours["identical"] == 1.0
+    assert ours["draft_rate"] == 1.0 and ours["accept_rate"] == 1.0  # one step, drafted, accepted
+    assert base["draft_rate"] is None
 
 
 def test_summarize_counts_batched_requests_per_forward():
@@ -109,26 +111,28 @@ def test_command_line_lists_the_options_that_differ():
     assert bench_cli.command_line(args) == "specdec bench --categories qa --max-new-tokens 32"
 
 
+@pytest.mark.default_model
 def test_bench_end_to_end_on_the_default_model(tmp_path, capsys):
     out = tmp_path / "bench"
     code = cli.main(
         ["bench", "--categories", "summarization", "--prompts-per-category", "1",
          "--max-new-tokens", "8", "--out", str(out),
          "--methods", "hf-generate,ours-autoregressive,ours-prompt-lookup,"
-         "ours-self-speculative,hf-early-exit"]
+         "ours-self-speculative,hf-early-exit,ours-lookahead,ours-jacobi"]
     )
     assert code == 0
     result = json.loads((out / "results.json").read_text())
     figures = result["figures"]
     assert set(figures) == {
         "hf-generate", "ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
-        "hf-early-exit",
+        "hf-early-exit", "ours-lookahead", "ours-jacobi",
     }
     # One target forward per token, the prefill included; our loop prefills all but the last
     # prompt token, which then goes through the same step as every later token.
     assert figures["hf-generate"][OVERALL]["tau"] == 1.0
     assert figures["ours-autoregressive"][OVERALL]["tau"] == pytest.approx(8 / 9)
-    for name in ("ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative"):
+    for name in ("ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
+                 "ours-lookahead", "ours-jacobi"):
         assert figures[name][OVERALL]["identical"] == 1.0
         assert figures[name]["summarization"]["new_tokens"] == 8
     # Ours and HF's layer skip exit at the same layer.
@@ -140,7 +144,8 @@ def test_bench_end_to_end_on_the_default_model(tmp_path, capsys):
     assert "hf-generate" in capsys.readouterr().out
 
 
-def test_bench_batches_leave_out_hf_assisted(tmp_path):
+@pytest.mark.default_model
+def test_bench_batches_leave_out_hf_assisted(tmp_path, capsys):
     out = tmp_path / "bench"
     cli.main(
         ["bench", "--categories", "qa", "--prompts-per-category", "3", "--batch-size", "2",
@@ -149,16 +154,21 @@ def test_bench_batches_leave_out_hf_assisted(tmp_path):
     result = json.loads((out / "results.json").read_text())
     assert set(result["figures"]) == {
         "hf-generate", "ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
+        "ours-lookahead", "ours-jacobi", "ours-medusa", "ours-blockwise",
     }
     groups = {tuple(m["question_ids"]) for m in result["measurements"]}
     assert sorted(len(g) for g in groups) == [1, 2]
     ours = result["figures"]["ours-autoregressive"][OVERALL]
     assert ours["prompts"] == 3
     assert result["figures"]["hf-generate"][OVERALL]["tau"] == 1.0
-    with pytest.raises(SystemExit, match="batch size 1 only"):
+    with pytest.raises(SystemExit) as exit_:
         cli.main(["bench", "--batch-size", "2", "--methods", "hf-prompt-lookup"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "specdec: error: ['hf-prompt-lookup'] run at batch size 1 only" in err
 
 
+@pytest.mark.default_model
 def test_bench_sampling_reports_no_identity(tmp_path):
     out = tmp_path / "bench"
     cli.main(

@@ -11,6 +11,8 @@ from python_tests.decoding_helpers import tiny_model, truncated_copy
 from specdec_kernels.decoding import (
     DraftModelDrafter,
     Engine,
+    JacobiDrafter,
+    LookaheadDrafter,
     PromptLookupDrafter,
     SelfSpeculativeDrafter,
     StopCriteria,
@@ -49,12 +51,20 @@ def make(name, model):
         return DraftModelDrafter(other, num_draft=3)
     if name == "draft-model-adaptive":
         return DraftModelDrafter(truncated_copy(model, 1), num_draft=2, adaptive=True)
+    if name == "lookahead":  # its window rows run in every forward and are never committed
+        return LookaheadDrafter(4, 4, 3)
+    if name == "jacobi":
+        return JacobiDrafter(3)
     raise ValueError(name)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize(
-    "name", ["prompt-lookup", "self-speculative", "draft-model-random", "draft-model-adaptive"]
+    "name",
+    [
+        "prompt-lookup", "self-speculative", "draft-model-random", "draft-model-adaptive",
+        "lookahead", "jacobi",
+    ],
 )
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 @pytest.mark.parametrize("device", DEVICES)

@@ -47,8 +47,12 @@ def test_mismatched_vocabulary_without_tokenizers(model):
 def test_empty_prompt(model):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         generate(model, [[1, 2], []], max_new_tokens=2)
-    with pytest.raises(ValueError, match="inputs must be"):
+    with pytest.raises(ValueError, match="inputs is an empty list: give at least one prompt"):
         generate(model, [], max_new_tokens=2)
+    with pytest.raises(ValueError, match="inputs is an empty tuple"):
+        generate(model, (), max_new_tokens=2)
+    with pytest.raises(ValueError, match="inputs must be a prompt, .* got int"):
+        generate(model, 7, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("bad", [0, -3, [4, 0]])
@@ -85,7 +89,7 @@ def test_token_ids_outside_the_vocabulary(model):
         (dict(min_p=1.0), r"min_p must be in \[0, 1\)"),
         (dict(seed=[1, 2, 3]), "seed has 3 entries for 2 requests"),
         (dict(stop_strings=["x"]), "stop_strings need a tokenizer"),
-        (dict(drafter="medusa"), "unknown drafter 'medusa'"),
+        (dict(drafter="eagle"), "unknown drafter 'eagle'"),
         (dict(drafter="draft-model"), "needs draft_model"),
     ],
 )

@@ -1,20 +1,26 @@
 """Every drafter on tiny random-weight Llama, Qwen2 and Gemma3 models (Gemma3 with sliding
 window layers): greedy output equals Hugging Face ``generate`` token for token, with ragged
-batches, through sdpa with 4D masks or the tree-attention kernel, with or without the
-small-batch CPU linear mode; low-precision smoke tests."""
+batches, through torch's kernels (sdpa with 4D masks, or the registered tree-attention kernel),
+and through the package's batch-invariant CPU kernels (the CPU default), where speculative
+output equals the package's own autoregressive output bit for bit and HF's up to near-ties;
+low-precision smoke tests."""
 
 import pytest
 import torch
 
 from python_tests.conftest import DEVICES
-from python_tests.decoding_helpers import hf_greedy, tiny_model, truncated_copy
+from python_tests.decoding_helpers import (
+    assert_same_or_near_tie,
+    hf_greedy,
+    tiny_model,
+    truncated_copy,
+)
 from specdec_kernels.decoding import (
     DraftModelDrafter,
     PromptLookupDrafter,
     SelfSpeculativeDrafter,
     generate,
 )
-from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
 from specdec_kernels.models.hf_tree_attention import register_tree_attention
 
 FAMILIES = ["llama", "qwen2", "gemma3"]
@@ -39,26 +45,38 @@ def drafters(family, model, device):
     }
 
 
+KERNELS = ["sdpa", "tree-kernel", "cpu-kernels"]
+
+
 @pytest.fixture(
     scope="module",
-    params=[(f, d, a) for f in FAMILIES for d in DEVICES for a in ["sdpa", "tree-kernel"]],
+    params=[(f, d, k) for f in FAMILIES for d in DEVICES for k in KERNELS
+            if d == "cpu" or k != "cpu-kernels"],
     ids=lambda p: "-".join(p),
 )
 def family_case(request):
-    """A tiny model, ragged prompts and HF's greedy output; the engine runs the model with
-    sdpa and 4D masks, or with the registered tree-attention kernel."""
-    family, device, attention = request.param
+    """A tiny model, ragged prompts, the greedy output to expect and the engine's options.
+    "sdpa": torch's kernels and 4D masks; "tree-kernel": torch's linears and the registered
+    tree-attention kernel; "cpu-kernels": the package's batch-invariant CPU kernels, where
+    every drafter must reproduce the package's own autoregressive output exactly."""
+    family, device, kernels = request.param
     model = tiny_model(family).to(device)
     prompts = ragged_prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
-    expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
-    if attention == "tree-kernel":
+    hf = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    if kernels == "tree-kernel":
         model.set_attn_implementation(register_tree_attention())
-    return family, device, model, prompts, expected
+    options = dict(cpu_kernels=kernels == "cpu-kernels")
+    expected = hf
+    if kernels == "cpu-kernels":
+        expected = generate(model, prompts, max_new_tokens=NEW_TOKENS, **options).tokens
+        for p, got, want in zip(prompts, expected, hf):
+            assert_same_or_near_tie(model, p, got, want, what=f"{family} cpu kernels vs HF")
+    return family, device, model, prompts, expected, options
 
 
 def test_autoregressive_matches_hf_generate(family_case):
-    _, _, model, prompts, expected = family_case
-    out = generate(model, prompts, max_new_tokens=NEW_TOKENS)
+    _, _, model, prompts, expected, options = family_case
+    out = generate(model, prompts, max_new_tokens=NEW_TOKENS, **options)
     assert out.tokens == expected
     assert out.stats.target_forwards == NEW_TOKENS
     assert out.finish_reasons == ["length"] * len(prompts)
@@ -75,16 +93,16 @@ def test_autoregressive_matches_hf_generate(family_case):
     ],
 )
 def test_drafter_greedy_matches_hf_generate(family_case, name):
-    family, device, model, prompts, expected = family_case
+    family, device, model, prompts, expected, options = family_case
     drafter = drafters(family, model, device)[name]
-    out = generate(model, prompts, drafter=drafter, max_new_tokens=NEW_TOKENS)
+    out = generate(model, prompts, drafter=drafter, max_new_tokens=NEW_TOKENS, **options)
     assert out.tokens == expected
     for req in out.stats.requests:
         assert req.new_tokens == NEW_TOKENS
         assert 1 <= req.target_forwards <= NEW_TOKENS
     # batch 1 too: one request at a time
     for prompt, want in zip(prompts[:2], expected[:2]):
-        single = generate(model, [prompt], drafter=drafter, max_new_tokens=NEW_TOKENS)
+        single = generate(model, [prompt], drafter=drafter, max_new_tokens=NEW_TOKENS, **options)
         assert single.tokens == [want]
 
 
@@ -104,28 +122,27 @@ def test_low_precision_runs(family, dtype):
         assert all(0 <= t < model.config.vocab_size for seq in out.tokens for t in seq)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 40])
-@pytest.mark.parametrize("bias", [False, True])
-def test_small_batch_linear_matches_f_linear(rows, bias):
-    gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(2, rows, 24, generator=gen)[:1]
-    weights = [torch.randn(16, 24, generator=gen), torch.randn(9000, 24, generator=gen)]
-    b = [torch.randn(w.shape[0], generator=gen) if bias else None for w in weights]
-    for w, bb in zip(weights, b):
-        want = torch.nn.functional.linear(x, w, bb)
-        with SmallBatchLinear():
-            got = torch.nn.functional.linear(x, w, bb)
-            half = torch.nn.functional.linear(x.half(), w.half())  # not float32: untouched
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        assert got.shape == want.shape and half.dtype == torch.float16
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fast_cpu_linear_keeps_greedy_output(family):
-    model = tiny_model(family)
-    prompts = ragged_prompts(model.config.vocab_size, torch.Generator().manual_seed(3))
-    expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
-    for name, drafter in drafters(family, model, "cpu").items():
-        out = generate(model, prompts, drafter=drafter, max_new_tokens=NEW_TOKENS,
-                       fast_cpu_linear=True)
-        assert out.tokens == expected, name
+def test_cpu_kernels_make_verification_rows_equal_one_token_decoding(family):
+    """The premise, bit for bit: with the CPU kernels, the logits of each row of a verified
+    block equal the logits of decoding that token alone after the rows before it. (Gemma3's
+    sliding-window layers take sdpa, not the invariant kernel, once the context outgrows the
+    window; here the window is wider than the context.)"""
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    overrides = dict(sliding_window=64) if family == "gemma3" else {}
+    model = tiny_model(family, layers=2, **overrides)
+    runner = ModelRunner(model, cpu_kernels=True)
+    prompt = torch.randint(0, model.config.vocab_size, (23,), generator=torch.Generator().manual_seed(1))
+    block = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        verify_cache = runner.new_cache(1, 64)
+        runner.append(verify_cache, [prompt.tolist()])
+        verified = runner.forward(verify_cache, block, verify_cache.host_lens)[0]
+        step_cache = runner.new_cache(1, 64)
+        runner.append(step_cache, [prompt.tolist()])
+        for j in range(block.shape[1]):
+            one = runner.forward(step_cache, block[:, j : j + 1], step_cache.host_lens)[0, 0]
+            step_cache.extend([1])
+            assert torch.equal(one, verified[j]), j
+    runner.release()

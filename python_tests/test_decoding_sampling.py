@@ -2,16 +2,20 @@
 every method generates follow the exact distribution of the target's processed
 (temperature / top-k / top-p) autoregressive sampling. Thousands of requests, each with its
 own seed, run as one ragged batch; a chi-square test (fixed seeds, so deterministic) compares
-the counts of every 3-token continuation with their exact probabilities."""
+the counts of every 3-token continuation with their exact probabilities. On every device
+(CUDA too where built): the engine's sampling, verification and KV compaction run there."""
 
 import itertools
 
 import pytest
 import torch
 
+from python_tests.conftest import DEVICES
 from python_tests.decoding_helpers import tiny_model, truncated_copy
 from specdec_kernels.decoding import (
     DraftModelDrafter,
+    JacobiDrafter,
+    LookaheadDrafter,
     PromptLookupDrafter,
     SelfSpeculativeDrafter,
     generate,
@@ -44,8 +48,8 @@ def processed(logits, temperature, top_k, top_p):
 def exact_distribution(model, config):
     """Probability of every continuation of NEW tokens, by enumeration."""
     seqs = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW)))
-    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], 1)
-    logits = model(ids).logits[:, len(PROMPT) - 1 : -1]  # [S, NEW, V]
+    ids = torch.cat([torch.tensor(PROMPT).expand(len(seqs), -1), seqs], 1).to(model.device)
+    logits = model(ids).logits[:, len(PROMPT) - 1 : -1].cpu()  # [S, NEW, V]
     probs = processed(logits, *config)
     return probs.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)
 
@@ -71,9 +75,9 @@ def counts_of(sequences):
     return torch.bincount(index, minlength=VOCAB**NEW).double()
 
 
-@pytest.fixture(scope="module")
-def target():
-    return tiny_model("llama", vocab=VOCAB, layers=3, seed=11)
+@pytest.fixture(scope="module", params=DEVICES)
+def target(request):
+    return tiny_model("llama", vocab=VOCAB, layers=3, seed=11).to(request.param)
 
 
 def make_drafter(name, model):
@@ -84,9 +88,14 @@ def make_drafter(name, model):
     if name == "self-speculative":
         return SelfSpeculativeDrafter(num_layers=1, num_draft=2)
     if name == "draft-model-truncated":
-        return DraftModelDrafter(truncated_copy(model, 1), num_draft=2)
+        return DraftModelDrafter(truncated_copy(model, 1).to(model.device), num_draft=2)
     if name == "draft-model-independent":
-        return DraftModelDrafter(tiny_model("llama", vocab=VOCAB, layers=1, seed=99), num_draft=3)
+        other = tiny_model("llama", vocab=VOCAB, layers=1, seed=99).to(model.device)
+        return DraftModelDrafter(other, num_draft=3)
+    if name == "lookahead":
+        return LookaheadDrafter(3, 3, 3)
+    if name == "jacobi":
+        return JacobiDrafter(2)
     raise ValueError(name)
 
 
@@ -120,6 +129,8 @@ def run_batch(model, drafter, seed_base=0):
         "self-speculative",
         "draft-model-truncated",
         "draft-model-independent",
+        "lookahead",
+        "jacobi",
     ],
 )
 def test_sampled_sequences_follow_the_target_distribution(target, exact, name):
@@ -142,7 +153,9 @@ def test_the_test_has_power(target, exact):
     assert p < 1e-6
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "prompt-lookup", "draft-model-truncated"])
+@pytest.mark.parametrize(
+    "name", ["autoregressive", "prompt-lookup", "draft-model-truncated", "lookahead", "jacobi"]
+)
 def test_a_request_does_not_depend_on_its_batch(target, name):
     """Same seed, same output, whether the request runs alone or among others."""
     prompts = [PROMPT, PROMPT[:5], PROMPT + [0, 4, 3]]

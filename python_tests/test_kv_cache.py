@@ -37,8 +37,12 @@ def as_index(t, index_dtype, device):
 @pytest.mark.parametrize("batch", [1, 7])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("overlap", [False, True])
-def test_compact_matches_reference(device, gen, dtype, head_dim, batch, index_dtype, overlap):
-    heads, capacity, max_accepted, layers = 3, 37, 6, 3
+@pytest.mark.parametrize("max_accepted", [6, 20])
+def test_compact_matches_reference(device, gen, dtype, head_dim, batch, index_dtype, overlap,
+                                   max_accepted):
+    """On CUDA, up to 16 accepted rows per request go through registers, more through shared
+    memory."""
+    heads, capacity, layers = 3, 37, 3
     cache_lens = torch.randint(0, capacity - 1, (batch,), generator=gen).tolist()
     positions, counts = random_accepts(cache_lens, capacity, max_accepted, gen, overlap)
     caches = random_caches(2 * layers, (batch, heads, capacity, head_dim), dtype, device, gen)
@@ -168,6 +172,56 @@ def test_compact_paged_matches_reference(device, gen, dtype, head_dim, block_siz
     for got, want in zip(caches, expected):
         assert torch.equal(got, want)
     del capacity
+
+
+def forked_tables(fork_len, block_size, tails):
+    """Two requests forked at fork_len: they share the blocks holding positions < fork_len
+    (physical 0, 1, ...), then each has its own blocks (`tails` of them, ids after the shared)."""
+    shared = -(-fork_len // block_size)
+    tables = torch.full((2, shared + tails), -1, dtype=torch.int64)
+    tables[:, :shared] = torch.arange(shared)
+    for b in range(2):
+        start = shared + b * tails
+        tables[b, shared:] = torch.arange(start, start + tails)
+    return tables
+
+
+def test_compact_paged_forked_sequences(device, gen):
+    """Forked requests sharing their committed blocks (all full) compact independently."""
+    block_size, heads, dim = 4, 2, 64
+    tables = forked_tables(8, block_size, 2)  # positions 0..7 shared (blocks 0, 1), both full
+    caches = random_caches(2, (2 + 4, block_size, heads, dim), torch.float16, device, gen)
+    expected = [c.clone() for c in caches]
+    positions = torch.tensor([[9, 11, -1], [8, 12, 14]], device=device)
+    counts = torch.tensor([2, 3], device=device)
+    lens = torch.tensor([8, 8], device=device)
+    expected_lens = lens.clone()
+    ops.compact_paged_kv_cache_(caches, tables.to(device), lens, positions, counts, validate=True)
+    reference.compact_paged_kv_cache_(expected, tables.to(device), expected_lens, positions, counts)
+    assert torch.equal(lens, expected_lens)
+    assert all(torch.equal(a, b) for a, b in zip(caches, expected))
+
+
+# Forked at 6 with block size 4 (tables [[0, 1, 2, 3], [0, 1, 4, 5]]): block 1 holds positions
+# 4..7 of both and is only half full. (cache_lens, accept_positions, num_accepted).
+FORK_CONFLICTS = {
+    "both write the shared block": ([6, 6], [[8, 9], [8, 10]], [2, 2]),
+    "one writes it, the other reads it": ([6, 6], [[7, -1], [8, -1]], [0, 1]),
+    "a write into the other's committed prefix": ([3, 6], [[4, -1], [8, -1]], [1, 0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORK_CONFLICTS))
+def test_compact_paged_rejects_writes_into_shared_blocks(device, case):
+    """The precondition: a block that receives a row must belong to that request alone (copy a
+    shared, partly filled block first). validate=True checks it: the kernels would race."""
+    lens, rows, counts = (torch.tensor(x, device=device) for x in FORK_CONFLICTS[case])
+    caches = [torch.zeros(2 + 4, 4, 2, 64, device=device)]
+    before = lens.clone()
+    with pytest.raises(ValueError, match="must be copied"):
+        ops.compact_paged_kv_cache_(caches, forked_tables(6, 4, 2).to(device), lens, rows,
+                                    counts, validate=True)
+    assert torch.equal(lens, before) and caches[0].eq(0).all()  # nothing ran
 
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
@@ -315,8 +369,28 @@ def test_compact_rejects_bad_indices(device, case):
     args = compact_args(device, **overrides)
     before = [c.clone() for c in args["caches"]]
     with pytest.raises(ValueError, match=message):
-        ops.compact_kv_cache_(**args)
+        ops.compact_kv_cache_(**args, validate=True)
     assert all(torch.equal(a, b) for a, b in zip(args["caches"], before)), "bad call wrote data"
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_compact_unvalidated_indices_stay_inside_the_cache(gen):
+    """Without validate (no host copy on CUDA), positions and counts outside the cache are
+    skipped by the kernel: no fault, nothing outside the cache written."""
+    storage = torch.randn(3 * 2 * 2 * 8 * 64, generator=gen).half().cuda()
+    cache = storage[: 2 * 2 * 8 * 64].view(2, 2, 8, 64)
+    guard = storage[2 * 2 * 8 * 64 :].clone()
+    before = cache.clone()
+    lens = torch.tensor([6, 2], device="cuda")
+    positions = torch.tensor([[7, 9, -3], [100, 5, 6]], device="cuda")
+    ops.compact_kv_cache_([cache], lens, positions, torch.tensor([3, 9], device="cuda"))
+    torch.cuda.synchronize()
+    assert torch.equal(storage[2 * 2 * 8 * 64 :], guard)
+    assert torch.equal(cache[0, :, 6], before[0, :, 7])
+    assert torch.equal(cache[1, :, 3:5], before[1, :, 5:7])
+    with pytest.raises(ValueError, match="points past"):
+        ops.compact_kv_cache_([cache], lens, positions, torch.tensor([3, 3], device="cuda"),
+                              validate=True)
 
 
 def test_compact_rejects_bad_caches(device):
@@ -354,12 +428,13 @@ def test_paged_rejects_unallocated_block(device):
     with pytest.raises(ValueError, match="block must be allocated"):
         ops.compact_paged_kv_cache_(
             caches, tables, lens, torch.tensor([[5, -1], [2, -1]], device=device),
-            torch.tensor([1, 1], device=device),
+            torch.tensor([1, 1], device=device), validate=True,
         )
     with pytest.raises(ValueError, match="block must be allocated"):  # block id >= num_blocks
         ops.compact_paged_kv_cache_(
             caches, torch.tensor([[0, 9], [1, 2]], device=device), lens,
             torch.tensor([[5, -1], [2, -1]], device=device), torch.tensor([1, 1], device=device),
+            validate=True,
         )
     assert lens.tolist() == [3, 1]
 
@@ -368,7 +443,8 @@ def test_rollback_rejects_growth_and_bad_shapes(device):
     tables = torch.tensor([[0, 1], [2, -1]], device=device)
     lens = torch.tensor([5, 3], device=device)
     with pytest.raises(ValueError, match="only truncates"):
-        ops.rollback_paged_kv_cache_(tables, lens, torch.tensor([6, 3], device=device), 4)
+        ops.rollback_paged_kv_cache_(tables, lens, torch.tensor([6, 3], device=device), 4,
+                                     validate=True)
     with pytest.raises(ValueError, match="new_lens must have shape"):
         ops.rollback_paged_kv_cache_(tables, lens, torch.tensor([1], device=device), 4)
     with pytest.raises(ValueError, match="block_size must be positive"):

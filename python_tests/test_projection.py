@@ -68,8 +68,20 @@ def test_projection_of_each_kind_of_method():
     assert "test device" in table and "| ours-draft-model |" in table and "—" in table
 
 
-def test_cost_curve_measures_every_width():
+def test_cost_curve_measures_every_width_on_both_paths():
     model = build_model("135m", "cpu", __import__("torch").float32)
-    latencies = step_latencies(model, prefix=8, tokens=[1, 3], repeats=1)
-    assert set(latencies) == {1, 3}
-    assert all(ms > 0 for ms in latencies.values())
+    paths = step_latencies(model, prefix=8, tokens=[1, 3], repeats=1)
+    assert set(paths) == {"engine", "torch"}
+    for latencies in paths.values():
+        assert set(latencies) == {1, 3}
+        assert all(ms > 0 for ms in latencies.values())
+    assert model.config._attn_implementation == "sdpa"  # the engine gave the model back
+
+
+def test_projection_against_hf_generate_uses_torch_c1():
+    curve = {**CURVE, "models": {"135m": {**CURVE["models"]["135m"],
+                                          "torch_latency_ms": {"1": 20.0, "4": 30.0}}}}
+    results = _results({"ours-autoregressive": {"tokens_per_step": 1.0, "verify_width": 1.0}}, {})
+    row = project(results, curve, "135m")[0]
+    assert row["projected_vs_hf"] == pytest.approx(20.0 / 10.0)
+    assert "projected vs HF generate" in markdown([row], curve, "135m", results)

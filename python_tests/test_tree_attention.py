@@ -42,6 +42,13 @@ def make_case(gen, device, dtype, *, batch, tokens, q_heads, kv_heads, head_dim,
     return (to(q), to(k), to(v), lens.to(index_dtype).to(device), masks.packed_mask.to(device))
 
 
+def poison_unused_rows(k, v, cache_lens, tokens):
+    """NaN in every cache row past cache_lens[b] + T: rows the op must never use."""
+    for b, n in enumerate(cache_lens.tolist()):
+        k[b, :, n + tokens:] = float("nan")
+        v[b, :, n + tokens:] = float("nan")
+
+
 def eager_attention(q, k, v, cache_lens, packed, scale):
     """HF's eager attention in the inputs' dtype: matmuls in that dtype, softmax in fp32."""
     batch, nodes, q_heads, _ = q.shape
@@ -74,9 +81,11 @@ def assert_flash_rule(out, q, k, v, cache_lens, packed, scale):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 40])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256, 40, 36])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 1)])
 def test_matches_reference(device, gen, dtype, head_dim, heads):
+    """On CUDA: tensor cores for 2-byte types with a head dim that is a multiple of 8 (40 on the
+    64 instantiation, zero-padded), the SIMT kernel for fp32 and head dim 36."""
     q_heads, kv_heads = heads
     args = make_case(gen, device, dtype, batch=3, tokens=13, q_heads=q_heads, kv_heads=kv_heads,
                      head_dim=head_dim, cache_lens=[0, 77, 150])
@@ -94,6 +103,28 @@ def test_tree_sizes_and_long_prefix(device, gen, dtype, tokens, index_dtype):
                      head_dim=64, cache_lens=[1000, 333], index_dtype=index_dtype)
     out = ops.tree_attention(*args, scale=0.3)
     assert_flash_rule(out, *args, 0.3)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_many_query_rows_per_kv_head(device, gen, dtype, head_dim):
+    """T * G = 168 query rows per KV head (on CUDA: two m16 tiles per warp up to D = 128, several
+    row blocks sharing each K/V tile through L2), ragged prefixes over several splits."""
+    args = make_case(gen, device, dtype, batch=3, tokens=21, q_heads=16, kv_heads=2,
+                     head_dim=head_dim, cache_lens=[300, 129, 0])
+    out = ops.tree_attention(*args)
+    assert_flash_rule(out, *args, head_dim**-0.5)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_rows_past_the_keys_are_never_used(device, gen, dtype):
+    """Cache rows past cache_lens[b] + T hold NaN, as an unwritten cache may: never read."""
+    args = make_case(gen, device, dtype, batch=3, tokens=7, q_heads=4, kv_heads=2, head_dim=64,
+                     cache_lens=[0, 61, 33], extra=40)
+    poison_unused_rows(args[1], args[2], args[3], 7)
+    out = ops.tree_attention(*args)
+    assert torch.isfinite(out).all()
+    assert_flash_rule(out, *args, 64**-0.5)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -181,7 +212,8 @@ def test_unaligned_views(device, gen, dtype):
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_cuda_graph_capture(gen, dtype):
-    """Captured without host checks (splits sized by the cache capacity), replayed: same result."""
+    """Captured (the launch needs no host copy: the grid depends on shapes only), replayed with
+    new cache lengths in the same tensor: each replay follows the current lengths."""
     args = make_case(gen, "cuda", dtype, batch=3, tokens=21, q_heads=8, kv_heads=2, head_dim=128,
                      cache_lens=[700, 5, 260], extra=300)
     _, parents = stack_trees([tree_from_parents(random_parents(21, gen)) for _ in range(3)])
@@ -199,6 +231,38 @@ def test_cuda_graph_capture(gen, dtype):
     torch.testing.assert_close(graphed, eager, atol=2e-3 if dtype == torch.float16 else 1e-5, rtol=0)
     want = reference.build_tree_masks(parents.cpu(), lens.cpu())
     assert all(torch.equal(a.cpu(), b) for a, b in zip(masks, want))
+    lens.copy_(torch.tensor([12, 980, 1], device="cuda"))  # longer and shorter than captured
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_flash_rule(graphed, *args, 128**-0.5)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_cuda_unvalidated_lengths_stay_inside_the_cache(gen):
+    """Without validate, lengths outside [0, S - T] are clamped on the device: no fault, finite
+    output (the lengths the kernel used: 0 and S - T)."""
+    args = list(make_case(gen, "cuda", torch.float16, batch=3, tokens=5, q_heads=4, kv_heads=2,
+                          head_dim=64, cache_lens=[0, 10, 20], extra=0))
+    args[3] = torch.tensor([-7, 10**6, 20], device="cuda")
+    out = ops.tree_attention(*args, scale=0.125)
+    torch.cuda.synchronize()
+    clamped = torch.tensor([0, args[1].shape[2] - 5, 20], device="cuda")
+    assert torch.isfinite(out).all()
+    assert_flash_rule(out, args[0], args[1], args[2], clamped, args[4], 0.125)
+    with pytest.raises(ValueError, match="negative"):
+        ops.tree_attention(*args, scale=0.125, validate=True)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_cuda_validate_refused_during_capture(gen):
+    args = make_case(gen, "cuda", torch.float16, batch=2, tokens=3, q_heads=4, kv_heads=2,
+                     head_dim=64, cache_lens=[4, 9])
+    ops.tree_attention(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="graph capture"):
+        with torch.cuda.graph(graph):
+            ops.tree_attention(*args, validate=True)
 
 
 def test_empty_shapes(device):
@@ -315,9 +379,10 @@ BAD_ATTENTION = {
 
 @pytest.mark.parametrize("case", sorted(BAD_ATTENTION))
 def test_rejects_bad_input(device, case):
+    """validate=True: on CUDA the lengths are checked on the host only when asked."""
     overrides, message = BAD_ATTENTION[case]
     with pytest.raises(ValueError, match=message):
-        ops.tree_attention(**bad_args(device, **overrides))
+        ops.tree_attention(**bad_args(device, **overrides), validate=True)
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
@@ -328,3 +393,43 @@ def test_rejects_mixed_devices():
         ops.tree_attention(**{**bad_args("cuda"), "cache_lens": torch.tensor([2, 7])})
     with pytest.raises(ValueError, match="tree_mask must be on"):
         ops.tree_attention(**{**bad_args("cuda"), "tree_mask": torch.ones(2, 3, 1, dtype=torch.int32)})
+
+
+# ----------------------------------------------------------------------------- batch invariance
+
+
+@pytest.fixture(params=["portable", "avx2", "avx512"])
+def cpu_isa(request):
+    got = ops.cpu_isa(request.param)
+    try:
+        if got != request.param:
+            pytest.skip(f"this CPU has no {request.param} (best: {got})")
+        yield got
+    finally:
+        ops.cpu_isa("none")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("heads", [(4, 4, 16), (9, 3, 64), (12, 2, 80), (32, 1, 8)])
+def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, gen):
+    """On CPU, each tree node's output is bit-identical to decoding that token alone once its
+    ancestors are committed right after the prefix (as the engine's cache holds them)."""
+    q_heads, kv_heads, head_dim = heads
+    prefix, nodes = 37, 21
+    parents = random_parents(nodes, gen)
+    masks = reference.build_tree_masks(torch.tensor([parents]), torch.tensor([prefix]))
+    to = lambda t: t.to(dtype)  # noqa: E731
+    q = to(torch.randn(1, nodes, q_heads, head_dim, generator=gen))
+    k = to(torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen))
+    v = to(torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen))
+    tree_out = ops.tree_attention(q, k, v, torch.tensor([prefix]), masks.packed_mask)
+    root_only = torch.ones(1, 1, 1, dtype=torch.int32)
+    for j in range(nodes):
+        path = [j]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        rows = torch.tensor([prefix + n for n in reversed(path)])  # ancestors, then j
+        keep = torch.cat([torch.arange(prefix), rows])
+        alone = ops.tree_attention(q[:, j : j + 1], k[:, :, keep], v[:, :, keep],
+                                   torch.tensor([prefix + len(path) - 1]), root_only)
+        assert torch.equal(alone[0, 0], tree_out[0, j]), j

@@ -12,7 +12,7 @@ from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
 from specdec_kernels import ops
 from specdec_kernels._build import build_info, has_cuda_kernels
 
-__all__ = ["build_info", "generate", "has_cuda_kernels", "ops"]
+__all__ = ["build_info", "compat", "generate", "has_cuda_kernels", "hf", "ops"]
 
 
 def __getattr__(name):
@@ -21,6 +21,10 @@ def __getattr__(name):
         from specdec_kernels.decoding import generate
 
         return generate
+    if name in ("compat", "hf"):  # peer adapters and transformers' custom_generate
+        import importlib
+
+        return importlib.import_module(f"specdec_kernels.{name}")
     raise AttributeError(f"module 'specdec_kernels' has no attribute {name!r}")
 
 

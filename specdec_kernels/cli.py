@@ -3,6 +3,12 @@
 ``specdec generate`` is defined here. Other modules add subcommands by exposing
 ``add_subcommand(subparsers)`` and being listed in :data:`SUBCOMMAND_MODULES` (imported
 lazily; a module that is absent is skipped).
+
+Arguments are parsed, and what needs no model is checked, before transformers, the decoding
+engine and the models are imported (only the package itself comes first: it loads torch and
+the ops). A user error (a bad value, a missing file) is printed as ``specdec: error:
+<message>`` with exit status 2, like argparse's own; ``--debug`` shows its traceback.
+Unexpected exceptions keep their traceback.
 """
 
 from __future__ import annotations
@@ -12,10 +18,87 @@ import importlib
 import json
 import sys
 
-__all__ = ["SUBCOMMAND_MODULES", "build_parser", "main"]
+__all__ = [
+    "DRAFTER_OPTIONS",
+    "SUBCOMMAND_MODULES",
+    "USER_ERRORS",
+    "add_method_arguments",
+    "build_parser",
+    "drafter_options",
+    "given_drafter_options",
+    "main",
+    "run_command",
+]
 
 #: Modules whose ``add_subcommand(subparsers)`` registers more subcommands (e.g. ``bench``).
-SUBCOMMAND_MODULES = ["specdec_kernels.bench"]
+SUBCOMMAND_MODULES = ["specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.medusa.train"]
+
+#: Exceptions that report a user's mistake (bad argument values, missing files): printed as
+#: ``<prog>: error: <message>``, exit status 2, traceback only with ``--debug``.
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+#: Command-line drafter options (argparse ``dest`` names), by the drafter they configure.
+DRAFTER_OPTIONS = {
+    "self-speculative": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "draft-model": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "prompt-lookup": ("max_ngram", "min_ngram", "max_depth", "max_branches", "max_nodes"),
+    "lookahead": ("window", "ngram", "max_candidates"),
+    "jacobi": ("num_guesses",),
+    "medusa": ("heads", "cost_curve", "max_nodes", "acceptance", "posterior_threshold",
+               "posterior_alpha"),
+    "blockwise": ("heads", "cost_curve", "num_draft"),
+}
+
+
+def add_method_arguments(parser: argparse.ArgumentParser) -> None:
+    """The drafter options (see :data:`DRAFTER_OPTIONS`) and ``--torch-kernels``, shared by
+    ``specdec generate`` and ``specdec bench``."""
+    g = parser.add_argument_group("chain drafters (self-speculative, draft-model)")
+    g.add_argument("--num-draft", type=int, help="drafts per step K (the start value if adaptive)")
+    g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
+    g.add_argument("--max-draft", type=int, help="upper bound of an adaptive K")
+    g.add_argument(
+        "--confidence-threshold", type=float, help="stop drafting below this probability"
+    )
+    g = parser.add_argument_group("prompt lookup")
+    g.add_argument("--max-ngram", type=int)
+    g.add_argument("--min-ngram", type=int)
+    g.add_argument("--max-depth", type=int)
+    g.add_argument("--max-branches", type=int)
+    g.add_argument("--max-nodes", type=int)
+    g = parser.add_argument_group("lookahead and Jacobi")
+    g.add_argument("--window", type=int, help="lookahead: window columns W")
+    g.add_argument("--ngram", type=int, help="lookahead: n-gram size N (N - 1 window levels)")
+    g.add_argument(
+        "--max-candidates", type=int, help="lookahead: pool n-grams per key G (all verified)"
+    )
+    g.add_argument("--num-guesses", type=int, help="jacobi: tokens guessed per step K")
+    parser.add_argument(
+        "--torch-kernels", action="store_true",
+        help="on CPU, torch's own linear and attention kernels instead of the package's "
+        "batch-invariant ones",
+    )
+
+
+def given_drafter_options(args: argparse.Namespace) -> dict:
+    """The drafter options set on the command line (dest name -> value)."""
+    names = {name for names in DRAFTER_OPTIONS.values() for name in names}
+    given = {}
+    for name in sorted(names):
+        value = getattr(args, name, None)
+        if value is not None and value is not False:
+            given[name] = value
+    return given
+
+
+def drafter_options(args: argparse.Namespace, drafter: str) -> dict:
+    """The options of ``drafter`` set on the command line, as constructor keyword arguments."""
+    applies = DRAFTER_OPTIONS.get(drafter, ())
+    return {k: v for k, v in given_drafter_options(args).items() if k in applies}
+
+
+def _option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _add_generate(subparsers) -> None:
@@ -33,23 +116,23 @@ def _add_generate(subparsers) -> None:
     p.add_argument(
         "--drafter",
         default="prompt-lookup",
-        choices=["none", "prompt-lookup", "self-speculative", "draft-model"],
+        choices=[
+            "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
+            "medusa", "blockwise",
+        ],
     )
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")
-    g = p.add_argument_group("chain drafters (self-speculative, draft-model)")
-    g.add_argument("--num-draft", type=int, help="drafts per step K (the start value if adaptive)")
-    g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
-    g.add_argument("--max-draft", type=int, help="upper bound of an adaptive K")
-    g.add_argument(
-        "--confidence-threshold", type=float, help="stop drafting below this probability"
-    )
-    g.add_argument("--layers", type=int, help="self-speculative: layers used by the draft")
-    g = p.add_argument_group("prompt lookup")
-    g.add_argument("--max-ngram", type=int)
-    g.add_argument("--min-ngram", type=int)
-    g.add_argument("--max-depth", type=int)
-    g.add_argument("--max-branches", type=int)
-    g.add_argument("--max-nodes", type=int)
+    add_method_arguments(p)
+    g = p.add_argument_group("self-speculative")
+    g.add_argument("--layers", type=int, help="layers used by the draft")
+    g.add_argument("--no-prompt-ngrams", action="store_true",
+                   help="lookahead: do not seed the pool with the prompt's and output's n-grams")
+    g = p.add_argument_group("medusa and blockwise (heads on the target's hidden states)")
+    g.add_argument("--heads", help="heads folder (ours or FasterDecoding's); default: shipped")
+    g.add_argument("--cost-curve", help="step-cost JSON (bench.cost_curve) to derive the tree")
+    g.add_argument("--acceptance", choices=["lossless", "typical"], help="medusa: typical is lossy")
+    g.add_argument("--posterior-threshold", type=float, help="typical acceptance epsilon (0.09)")
+    g.add_argument("--posterior-alpha", type=float, help="typical acceptance alpha (0.3)")
     g = p.add_argument_group("sampling and stopping")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -59,26 +142,33 @@ def _add_generate(subparsers) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts as plain text")
-    p.add_argument(
-        "--fast-cpu-linear", action="store_true", help="small-batch CPU linears as W @ x^T"
+    g.add_argument(
+        "--truncate-prompt",
+        action="store_true",
+        help="keep the last tokens of a prompt that does not fit the model's context with "
+        "--max-new-tokens (by default such a prompt is an error)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     p.set_defaults(func=_run_generate)
 
 
-def _drafter_options(args) -> dict:
-    names = {
-        "self-speculative": ["num_draft", "adaptive", "max_draft", "confidence_threshold"],
-        "draft-model": ["num_draft", "adaptive", "max_draft", "confidence_threshold"],
-        "prompt-lookup": ["max_ngram", "min_ngram", "max_depth", "max_branches", "max_nodes"],
-    }.get(args.drafter, [])
-    options = {}
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value is not False:
-            options[name] = value
-    if args.drafter == "self-speculative" and args.layers is not None:
+def _generate_drafter_options(args) -> dict:
+    """The drafter's constructor options; options for another drafter are an error."""
+    applies = DRAFTER_OPTIONS.get(args.drafter, ())
+    unused = sorted(set(given_drafter_options(args)) - set(applies))
+    if args.layers is not None and args.drafter != "self-speculative":
+        unused.append("layers")
+    if args.no_prompt_ngrams and args.drafter != "lookahead":
+        unused.append("no_prompt_ngrams")
+    if unused:
+        flags = ", ".join(_option_flag(n) for n in unused)
+        verb = "does" if len(unused) == 1 else "do"
+        raise ValueError(f"{flags} {verb} not apply to --drafter {args.drafter}")
+    options = drafter_options(args, args.drafter)
+    if args.layers is not None:
         options["num_layers"] = args.layers
+    if args.drafter == "lookahead" and args.no_prompt_ngrams:
+        options["prompt_ngrams"] = False
     return options
 
 
@@ -91,28 +181,55 @@ def _read_prompts(args) -> list:
             else:
                 prompts += [line.rstrip("\n") for line in f if line.strip()]
     if not prompts:
-        raise SystemExit("specdec generate: give at least one prompt (or --prompts-file)")
+        raise ValueError("give at least one prompt (or --prompts-file)")
     return prompts
 
 
+def prefill_progress_bar(file=None):
+    """A ``prefill_progress(done, total)`` callback for :func:`specdec_kernels.generate` that
+    draws a progress bar (on stderr) once a prefill runs in several chunks."""
+    bar = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            from tqdm import tqdm
+
+            # mininterval=0: one update per chunk, each seconds apart; draw every one.
+            bar = tqdm(
+                total=total, unit="tok", desc="prefill", file=file or sys.stderr, leave=False,
+                mininterval=0,
+            )
+        if done > bar.n:
+            bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+            bar = None
+
+    return update
+
+
 def _run_generate(args) -> int:
+    # Everything checkable without a model is checked before the heavy imports below.
+    if args.drafter == "draft-model" and not args.draft_model:
+        raise ValueError("--drafter draft-model needs --draft-model PATH")
+    if args.draft_model and args.drafter != "draft-model":
+        raise ValueError("--draft-model is only used with --drafter draft-model")
+    options = _generate_drafter_options(args)
+    prompts = _read_prompts(args)
+
     from specdec_kernels.decoding import generate, make_drafter
     from specdec_kernels.models import load_model
 
-    prompts = _read_prompts(args)
     target = load_model(args.model, dtype=args.dtype, device=args.device)
     draft = None
-    if args.drafter == "draft-model":
-        if not args.draft_model:
-            raise SystemExit("specdec generate: --drafter draft-model needs --draft-model PATH")
+    if args.draft_model:
         draft = load_model(args.draft_model, dtype=args.dtype, device=args.device)
-    elif args.draft_model:
-        raise SystemExit("specdec generate: --draft-model is only used with --drafter draft-model")
     drafter = make_drafter(
         args.drafter,
         draft_model=draft.model if draft else None,
         draft_tokenizer=draft.tokenizer if draft else None,
-        **_drafter_options(args),
+        **options,
     )
     out = generate(
         target,
@@ -126,7 +243,9 @@ def _run_generate(args) -> int:
         seed=args.seed,
         stop_strings=args.stop,
         chat_template=not args.no_chat_template,
-        fast_cpu_linear=args.fast_cpu_linear,
+        cpu_kernels=not args.torch_kernels,
+        truncate_prompt=args.truncate_prompt,
+        prefill_progress=prefill_progress_bar(),
     )
     if args.json:
         json.dump(
@@ -149,9 +268,43 @@ def _run_generate(args) -> int:
     return 0
 
 
+def add_debug_argument(parser: argparse.ArgumentParser, *, subcommand: bool = False) -> None:
+    """``--debug``: show the traceback of user errors too (see :func:`run_command`)."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        # A subcommand's flag must not reset the value given before the subcommand.
+        default=argparse.SUPPRESS if subcommand else False,
+        help="show the full traceback of every error",
+    )
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list | None = None) -> int:
+    """Parse ``argv`` and run the chosen ``func(args)``; a :data:`USER_ERRORS` exception is
+    printed as ``<prog>: error: <message>`` and exits with status 2 (its traceback with
+    ``--debug``).
+
+    Raises
+    ------
+    SystemExit
+        Status 2 on a usage or user error (as argparse does).
+    """
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except USER_ERRORS as error:
+        if getattr(args, "debug", False):
+            raise
+        message = str(error)
+        if isinstance(error, OSError) and error.strerror and error.filename:
+            message = f"{error.strerror}: {error.filename}"  # without "[Errno 2]"
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``specdec`` parser with every available subcommand."""
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding kernels.")
+    add_debug_argument(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
     for module_name in SUBCOMMAND_MODULES:
@@ -164,13 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
         add = getattr(module, "add_subcommand", None)
         if add is not None:
             add(subparsers)
+    for subparser in subparsers.choices.values():
+        if "--debug" not in subparser._option_string_actions:
+            add_debug_argument(subparser, subcommand=True)
     return parser
 
 
 def main(argv: list | None = None) -> int:
-    """Entry point of ``specdec``."""
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Entry point of ``specdec`` (see :func:`run_command`)."""
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ int64 (one dtype per call) and live on the device of the data they index.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import contextlib
+from typing import Iterator, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -20,9 +21,13 @@ __all__ = [
     "as_cache_list",
     "compact_kv_cache_",
     "compact_paged_kv_cache_",
+    "cpu_isa",
+    "deferred_errors",
+    "raise_deferred_errors",
     "rollback_paged_kv_cache_",
     "sample",
     "sample_with_probs",
+    "small_batch_linear",
     "typical_verify_chain",
     "typical_verify_tree",
     "verify_chain",
@@ -57,8 +62,59 @@ def as_cache_list(caches: CacheList) -> list[Tensor]:
     return list(caches)
 
 
+def _needs_host_check(validate: bool, *tensors: Tensor) -> bool:
+    """Whether to check index values on the host before a CUDA launch: only when the caller asks
+    (the CPU kernels always check, for free). A host copy is impossible during graph capture."""
+    if not validate or all(t.device.type == "cpu" for t in tensors):
+        return False
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError("validate=True copies index values to the host, which CUDA graph "
+                         "capture does not allow; validate outside the captured region")
+    return True
+
+
+def _stand_in_caches(caches: list[Tensor], heads_dim: int) -> list[Tensor]:
+    """One CPU cache of the caches' geometry with no heads: the CPU kernel checks every index
+    against it and moves nothing."""
+    if not caches or caches[0].dim() != 4:
+        return caches  # let the op report the bad cache list
+    shape = list(caches[0].shape)
+    shape[heads_dim] = 0
+    return [torch.empty(shape, dtype=caches[0].dtype)]
+
+
+def _check_written_blocks_not_shared(
+    block_tables: Tensor, block_size: int, cache_lens: Tensor, num_accepted: Tensor
+) -> None:
+    """The paged compaction's precondition, on host tensors: a physical block that receives a
+    row (a destination cache_lens[b] + i) belongs to that request alone."""
+    tables = block_tables.long()
+    writers = {}  # physical block -> (request, logical position) of its first destination
+    for b in range(tables.shape[0]):
+        start, count = int(cache_lens[b]), int(num_accepted[b])
+        for position in range(start, start + max(count, 0)):
+            index = position // block_size
+            if 0 <= index < tables.shape[1] and tables[b, index] >= 0:
+                writers.setdefault(int(tables[b, index]), (b, position))
+    for b in range(tables.shape[0]):
+        for block in set(tables[b][tables[b] >= 0].tolist()):
+            writer = writers.get(block)
+            if writer is not None and writer[0] != b:
+                raise ValueError(
+                    f"compact_paged_kv_cache_: block {block} receives row {writer[1]} of request "
+                    f"{writer[0]} but is also in block_tables[{b}]: a block shared by forked "
+                    "requests must be copied for the request that writes into it first "
+                    "(requests are compacted in parallel)"
+                )
+
+
 def compact_kv_cache_(
-    caches: CacheList, cache_lens: Tensor, accept_positions: Tensor, num_accepted: Tensor
+    caches: CacheList,
+    cache_lens: Tensor,
+    accept_positions: Tensor,
+    num_accepted: Tensor,
+    *,
+    validate: bool = False,
 ) -> None:
     """Keep only the accepted rows of a verification step, for every layer, in place.
 
@@ -79,15 +135,25 @@ def compact_kv_cache_(
         lie in the speculative region ``[cache_lens[b], S)``.
     num_accepted : Tensor
         ``[B]`` number of valid columns of ``accept_positions`` per request, in ``[0, P]``.
+    validate : bool
+        Check the index values before anything is written. The CPU kernel always does; on CUDA
+        this costs one device-to-host copy (a host sync), so it is off by default there and the
+        kernel instead skips rows outside the cache (nothing outside the tensors is touched,
+        but the result for a bad request is unspecified). Not allowed during graph capture.
 
     Raises
     ------
-    RuntimeError
-        Mismatched shapes, dtypes or devices, or positions outside the written rows.
+    ValueError
+        Mismatched shapes, dtypes or devices; with ``validate`` (always on CPU) counts outside
+        ``[0, P]`` or positions outside the written rows.
     """
-    torch.ops.specdec.compact_kv_cache_(
-        as_cache_list(caches), cache_lens, accept_positions, num_accepted
-    )
+    cache_list = as_cache_list(caches)
+    if _needs_host_check(validate, cache_lens, accept_positions, num_accepted):
+        torch.ops.specdec.compact_kv_cache_(
+            _stand_in_caches(cache_list, 1), cache_lens.cpu().clone(), accept_positions.cpu(),
+            num_accepted.cpu(),
+        )
+    torch.ops.specdec.compact_kv_cache_(cache_list, cache_lens, accept_positions, num_accepted)
 
 
 def compact_paged_kv_cache_(
@@ -96,11 +162,21 @@ def compact_paged_kv_cache_(
     cache_lens: Tensor,
     accept_positions: Tensor,
     num_accepted: Tensor,
+    *,
+    validate: bool = False,
 ) -> None:
     """:func:`compact_kv_cache_` for paged caches, through a block table.
 
     Logical position ``p`` of request ``b`` is slot ``p % block_size`` of physical block
-    ``block_tables[b, p // block_size]``. Requests must not share the blocks being written.
+    ``block_tables[b, p // block_size]``.
+
+    Precondition (requests are moved in parallel): a physical block that receives a row for
+    request ``b`` (holds one of its destinations ``cache_lens[b] .. cache_lens[b] +
+    num_accepted[b] - 1``) must not appear in another request's block table. Forked sequences
+    may share the full blocks of their committed prefix, but a shared block that is only
+    partly filled must be copied for a request (copy-on-write) before it compacts into it;
+    otherwise two requests could write, or one write what another reads, concurrently.
+    ``validate=True`` checks this on any device.
 
     Parameters
     ----------
@@ -116,14 +192,37 @@ def compact_paged_kv_cache_(
         ``cache_lens[b]`` and inside an allocated block.
     num_accepted : Tensor
         ``[B]`` valid columns of ``accept_positions`` per request.
+    validate : bool
+        As in :func:`compact_kv_cache_`, plus the shared-block precondition (checked on the
+        host on every device: one device-to-host copy on CUDA).
+
+    Raises
+    ------
+    ValueError
+        As :func:`compact_kv_cache_`; with ``validate`` (always on CPU) positions whose block is
+        not allocated, and with ``validate`` a written block shared with another request.
     """
+    cache_list = as_cache_list(caches)
+    if validate:
+        host = [t.cpu() for t in (block_tables, cache_lens, accept_positions, num_accepted)]
+        if _needs_host_check(validate, block_tables, cache_lens, accept_positions, num_accepted):
+            torch.ops.specdec.compact_paged_kv_cache_(
+                _stand_in_caches(cache_list, 2), host[0], host[1].clone(), host[2], host[3]
+            )
+        if cache_list and cache_list[0].dim() == 4 and block_tables.dim() == 2:
+            _check_written_blocks_not_shared(host[0], cache_list[0].shape[1], host[1], host[3])
     torch.ops.specdec.compact_paged_kv_cache_(
-        as_cache_list(caches), block_tables, cache_lens, accept_positions, num_accepted
+        cache_list, block_tables, cache_lens, accept_positions, num_accepted
     )
 
 
 def rollback_paged_kv_cache_(
-    block_tables: Tensor, cache_lens: Tensor, new_lens: Tensor, block_size: int
+    block_tables: Tensor,
+    cache_lens: Tensor,
+    new_lens: Tensor,
+    block_size: int,
+    *,
+    validate: bool = False,
 ) -> Tensor:
     """Truncate each request of a paged cache and release the blocks it no longer needs.
 
@@ -141,12 +240,20 @@ def rollback_paged_kv_cache_(
         ``[B]`` lengths to truncate to, each in ``[0, cache_lens[b]]``.
     block_size : int
         Tokens per block.
+    validate : bool
+        Check ``0 <= new_lens <= cache_lens`` first, as :func:`compact_kv_cache_` describes (the
+        CPU kernel always does; unchecked on CUDA, a bad length only frees more or fewer blocks).
 
     Returns
     -------
     Tensor
         ``[B, max_blocks]`` released block ids of each request, left-aligned, ``-1`` padded.
     """
+    if _needs_host_check(validate, block_tables, cache_lens, new_lens):
+        tables = block_tables.cpu().clone()
+        torch.ops.specdec.rollback_paged_kv_cache_(
+            tables, cache_lens.cpu().clone(), new_lens.cpu(), block_size, torch.empty_like(tables)
+        )
     freed_blocks = torch.empty_like(block_tables)
     torch.ops.specdec.rollback_paged_kv_cache_(
         block_tables, cache_lens, new_lens, block_size, freed_blocks
@@ -194,13 +301,47 @@ def _rollback_paged_kv_cache_fake(block_tables, cache_lens, new_lens, block_size
 #   NaN/+Inf logits or a row without a finite value (-Inf is allowed) in any row the request
 #   owns (chain: rows 0..num_draft[b]; tree: non-padding nodes), whatever the random decisions.
 #   On CUDA they are detected on the device and raised after the kernel (one small copy to the
-#   host), except while a CUDA graph is being captured: then no check is possible, and a
-#   request with an error gets num_accepted = 0 and all tokens -1.
+#   host, a synchronisation); under deferred_errors() the copy is asynchronous and the check
+#   waits for raise_deferred_errors() (see there). While a CUDA graph is being captured no check
+#   is possible. Whenever a check is not made at the call, a request with an error gets
+#   num_accepted = 0 and all tokens -1 (sample: token -1, probabilities 0).
 # * Agreement: CPU and reference compute bit-identical weights and accumulate long sums in
 #   double (mostly in the same order), so their decisions agree (a difference needs a double
-#   sum within ~1e-16 of a float32 rounding boundary); CUDA sums in float/double in another
-#   order, so a decision can differ only when a uniform lands within float32 rounding of its
-#   threshold (probability ~1e-7 per decision).
+#   sum within ~1e-16 of a float32 rounding boundary). CUDA computes the same weights and sums
+#   them with error-free float transformations per thread and in double across threads, or as
+#   exact integers (top-p radix masses), in a fixed order: it is deterministic, and differs from
+#   the CPU only when a long sum lands within ~1e-13 (relative) of a float32 rounding boundary.
+
+
+@contextlib.contextmanager
+def deferred_errors() -> Iterator[None]:
+    """Defer the value-error checks of the CUDA sampling and verification ops (this thread).
+
+    By default a CUDA call copies its per-request error codes to the host after the kernel, a
+    synchronisation that stalls the CPU until the GPU has finished. Inside this context the copy
+    is asynchronous and nothing waits: outputs of a request with an error are ``num_accepted =
+    0`` and tokens ``-1`` (``sample``: token ``-1``, probabilities 0), and the error is raised,
+    with the usual message, by :func:`raise_deferred_errors` (or, if more than 64 calls go
+    unchecked, by the 65th). Call it after the synchronisation you make anyway (e.g. reading
+    the tokens): the codes have landed by then and the check costs no wait. CPU ops always raise
+    at the call. Nests; restores the previous setting on exit.
+    """
+    previous = torch.ops.specdec.set_deferred_errors(True)
+    try:
+        yield
+    finally:
+        torch.ops.specdec.set_deferred_errors(previous)
+
+
+def raise_deferred_errors() -> None:
+    """Check the calls made under :func:`deferred_errors` since the last check, in call order.
+
+    Raises
+    ------
+    ValueError
+        The first request error of the first call that had one (the others are dropped).
+    """
+    torch.ops.specdec.raise_deferred_errors()
 
 
 def _offsets(offset: Optional[Tensor], batch: int, device) -> Tensor:
@@ -395,6 +536,15 @@ def verify_tree(
         Malformed trees (root not at node 0 or several roots, a parent not before its child,
         which covers cycles, a parent that is padding), draft ids out of range, and the errors of
         :func:`verify_chain`.
+
+    Notes
+    -----
+    Greedy trees whose siblings repeat a token: this op takes the longest matching path, so
+    the output is the same whichever copy a drafter put first. SpecInfer-style verifiers (e.g.
+    sgl-kernel's ``verify_tree_greedy``) walk the siblings in order and take the *first* match,
+    which can accept fewer drafts; :func:`specdec_kernels.compat.sgl_kernel.verify_tree_greedy`
+    follows that rule (it drops repeated siblings after their first copy before calling this
+    op). Both emit the target's greedy tokens; only the number accepted per step differs.
     """
     return torch.ops.specdec.verify_tree(
         _int64(tree_tokens),
@@ -545,7 +695,8 @@ def _typical_verify_tree_fake(tree_tokens, parents, target_logits, *params):
 
 from typing import NamedTuple  # noqa: E402  (kept in this section to keep merges trivial)
 
-__all__ += ["TreeMasks", "build_tree_masks", "tree_attention"]
+__all__ += ["LookaheadMasks", "TreeMasks", "build_lookahead_masks", "build_tree_masks",
+            "tree_attention"]
 
 
 class TreeMasks(NamedTuple):
@@ -597,6 +748,66 @@ def build_tree_masks(parents: Tensor, prefix_lens: Tensor) -> TreeMasks:
     return TreeMasks(*torch.ops.specdec.build_tree_masks(parents, prefix_lens))
 
 
+class LookaheadMasks(NamedTuple):
+    """Outputs of :func:`build_lookahead_masks` (``B`` requests, ``R`` window rows after ``T``
+    tree nodes)."""
+
+    mask: Tensor
+    """``[B, R, T + R]`` bool: ``mask[b, r, k]`` iff window row ``r`` attends to block column
+    ``k`` (tree node ``k < T``, window row ``k - T`` otherwise)."""
+    packed_mask: Tensor
+    """``[B, R, ceil((T + R) / 32)]`` int32: ``mask`` bit-packed like :class:`TreeMasks`."""
+    positions: Tensor
+    """``[B, R]`` int64: each row's position after the root's (``-1`` on padding rows)."""
+
+
+def build_lookahead_masks(
+    window: Tensor, levels: Tensor, tree_nodes: int, num_rows: int
+) -> LookaheadMasks:
+    """Attention masks and positions of the rows of a lookahead window (Jacobi guesses run in
+    the same forward as a verification tree, never verified or committed).
+
+    The block of request ``b`` is its verification tree (``tree_nodes`` columns, node 0 the
+    root: the pending token) followed by ``num_rows`` window rows. The window has
+    ``levels[b]`` levels of ``window[b]`` columns; cell ``(l, i)`` is a guess for the token
+    ``i + l`` positions after the root. Cell ``(0, 0)`` is the root itself; every other cell
+    is window row ``r = l * window[b] + i - 1`` (block column ``tree_nodes + r``), so a request
+    uses ``window[b] * levels[b] - 1`` rows and the rest are padding. Row ``(l, i)`` attends to
+    the causal sequence root, ``(0, 1), ..., (0, i), (1, i), ..., (l, i)``: its level-0 prefix,
+    then its own column, as in lookahead decoding (Fu et al., 2024). The committed prefix is
+    visible to every row and is not part of the mask. Rows never see tree nodes other than the
+    root, and tree rows (built by :func:`build_tree_masks`) never see window rows.
+
+    Parameters
+    ----------
+    window : Tensor
+        ``[B]`` int32/int64 columns ``W`` of each request's window (``>= 0``).
+    levels : Tensor
+        ``[B]`` of the same dtype: levels ``L`` of each window (``>= 0``; 0 gives no rows).
+    tree_nodes : int
+        ``T``: columns of the verification tree before the window rows (``>= 1`` when any
+        request has window rows).
+    num_rows : int
+        ``R``: window rows in the block, at least ``max(W * L - 1)``.
+
+    Returns
+    -------
+    LookaheadMasks
+        ``mask [B, R, T + R]`` bool, ``packed_mask [B, R, ceil((T + R) / 32)]`` int32 and
+        ``positions [B, R]`` int64 (offsets from the root's position: ``l + i``; ``-1`` for
+        padding rows, whose mask holds only themselves).
+
+    Raises
+    ------
+    ValueError
+        Bad shapes or dtypes, negative sizes, a window that needs more than ``num_rows`` rows,
+        or window rows without a tree root (``tree_nodes = 0``).
+    """
+    return LookaheadMasks(
+        *torch.ops.specdec.build_lookahead_masks(window, levels, int(tree_nodes), int(num_rows))
+    )
+
+
 def tree_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -604,6 +815,8 @@ def tree_attention(
     cache_lens: Tensor,
     tree_mask: Tensor,
     scale: float | None = None,
+    *,
+    validate: bool = False,
 ) -> Tensor:
     """Attention of the tokens of a draft tree over a KV cache holding prefix + tree.
 
@@ -630,6 +843,12 @@ def tree_attention(
         :func:`specdec_kernels.tree.pack_tree_mask`).
     scale : float, optional
         Softmax scale; default ``D ** -0.5``.
+    validate : bool
+        Check ``0 <= cache_lens[b]`` and ``cache_lens[b] + T <= S`` before launching. The CPU
+        kernel always does; on CUDA it costs one device-to-host copy (a host sync), so it is
+        off by default there: the kernels then clamp each length into ``[0, S - T]`` (nothing
+        outside the cache is read; the result for such a request is unspecified). Not allowed
+        during CUDA graph capture.
 
     Returns
     -------
@@ -640,13 +859,19 @@ def tree_attention(
     ------
     ValueError
         Shapes, dtypes or devices that disagree, head counts not divisible, a mask whose shape
-        does not match ``T``, or a cache too short for prefix + tree.
+        does not match ``T``; with ``validate`` (always on CPU) a cache too short for prefix +
+        tree or a negative length.
 
     Notes
     -----
-    On CUDA the cache lengths are checked on the host (one small device-to-host copy), except
-    while a CUDA graph is being captured, where the caller is trusted and out-of-range lengths
-    are clamped to the cache instead.
+    On CPU the result is batch-invariant: each row's output depends only on its own query and
+    the keys and values it sees, in cache order (exact maximum, exp-sums and value sums taken in
+    key order, unseen keys contributing exact zeros), so a token's output is bit-identical
+    whether it is verified in a tree of ``T`` tokens or decoded alone once its ancestors are
+    committed.
+    On CUDA nothing is copied to the host (unless ``validate``): the grid depends on shapes
+    only and each block sizes its share of the keys from ``cache_lens`` on the device, so calls
+    overlap with host work and need nothing special under graph capture.
     """
     if tree_mask.dtype == torch.bool:
         raise ValueError(
@@ -655,7 +880,23 @@ def tree_attention(
         )
     if scale is None:
         scale = q.shape[-1] ** -0.5 if q.dim() == 4 and q.shape[-1] > 0 else 1.0
-    return torch.ops.specdec.tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, float(scale))
+    out = torch.ops.specdec.tree_attention(q, k_cache, v_cache, cache_lens, tree_mask, float(scale))
+    if _needs_host_check(validate, cache_lens):
+        # After the op's own shape checks (nothing is written, so checking afterwards is safe).
+        _check_cache_lens(cache_lens, q.shape[1], k_cache.shape[2])
+    return out
+
+
+def _check_cache_lens(cache_lens: Tensor, tokens: int, capacity: int) -> None:
+    """The CPU kernel's cache_lens check (csrc/tree_common.h), on a host copy."""
+    for b, n in enumerate(cache_lens.cpu().tolist()):
+        if n < 0:
+            raise ValueError(f"cache_lens[{b}] = {n} is negative")
+        if n + tokens > capacity:
+            raise ValueError(
+                f"cache_lens[{b}] = {n} plus the T = {tokens} tree tokens exceeds the cache "
+                f"length S = {capacity}: the cache is too short for prefix + tree"
+            )
 
 
 @torch.library.register_fake("specdec::build_tree_masks")
@@ -679,3 +920,85 @@ def _build_tree_masks_fake(parents, prefix_lens):
 @torch.library.register_fake("specdec::tree_attention")
 def _tree_attention_fake(q, k_cache, v_cache, cache_lens, tree_mask, scale):
     return q.new_empty(q.shape)
+
+
+# ----------------------------------------------------------------------------- small-batch linear
+
+
+def small_batch_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``x @ weight.T + bias`` for the few rows of a decoding or verification forward.
+
+    On CPU, the package's kernel: each weight row is read once for all rows of ``x`` and every
+    output element is reduced in one fixed order (float32 accumulation, lane by lane over
+    ``K``, then a fixed reduction tree, then the bias), whatever the number of rows and however
+    they are split over threads. A row's result is therefore **bit-identical whether it is
+    computed alone or in a batch** (batch-invariant). Built for the few rows of decoding, where
+    it costs about one row's time until the FMA units become the limit; larger batches are cut
+    into passes of 128 rows (measured here: as fast as torch's GEMM up to 512 rows). AVX-512 (with ``vdpbf16ps`` for bfloat16 where present), AVX2/FMA or portable code is
+    chosen at run time (:func:`cpu_isa`); results differ between those levels by rounding. On
+    CUDA it calls ``torch.nn.functional.linear``.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., K]`` float32 or bfloat16.
+    weight : Tensor
+        ``[N, K]``, same dtype and device as ``x`` (rows with unit column stride; other layouts
+        are copied).
+    bias : Tensor, optional
+        ``[N]``, same dtype and device.
+
+    Returns
+    -------
+    Tensor
+        ``[..., N]`` in the dtype of ``x`` (float32 accumulation, rounded once).
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not match, mixed or unsupported dtypes (float16 is not supported on
+        CPU), tensors on different devices.
+    """
+    return torch.ops.specdec.small_batch_linear(x, weight, bias)
+
+
+def cpu_isa(cap: Optional[str] = None) -> str:
+    """The instruction set the CPU kernels use: ``"avx512_bf16"``, ``"avx512"``, ``"avx2"`` or
+    ``"portable"``.
+
+    Parameters
+    ----------
+    cap : str, optional
+        Cap the level for this process (one of the names above, or ``"none"`` to lift the
+        cap); used by tests to run every code path on one machine. The environment variable
+        ``SPECDEC_CPU_ISA`` sets the same cap at start-up.
+
+    Returns
+    -------
+    str
+        The level in effect (after the cap).
+    """
+    if cap is None:
+        return torch.ops.specdec.cpu_isa(-2)
+    levels = {"none": -1, "portable": 0, "avx2": 1, "avx512": 2, "avx512_bf16": 3}
+    if cap not in levels:
+        raise ValueError(f"cap must be one of {sorted(levels)}, got {cap!r}")
+    return torch.ops.specdec.cpu_isa(levels[cap])
+
+
+@torch.library.register_fake("specdec::small_batch_linear")
+def _small_batch_linear_fake(x, weight, bias=None):
+    torch._check(x.dim() >= 1 and weight.dim() == 2, lambda: "x [..., K] and weight [N, K]")
+    torch._check(x.shape[-1] == weight.shape[1], lambda: "x and weight disagree on K")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("specdec::build_lookahead_masks")
+def _build_lookahead_masks_fake(window, levels, tree_nodes, num_rows):
+    batch = window.shape[0]
+    columns = tree_nodes + num_rows
+    return (
+        window.new_empty((batch, num_rows, columns), dtype=torch.bool),
+        window.new_empty((batch, num_rows, (columns + 31) // 32), dtype=torch.int32),
+        window.new_empty((batch, num_rows), dtype=torch.int64),
+    )

@@ -47,6 +47,37 @@ def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
     return TreeMasks(mask, pack_tree_mask(mask), position_ids, depth, paths, num_leaves)
 
 
+def build_lookahead_masks(window: Tensor, levels: Tensor, tree_nodes: int, num_rows: int):
+    """Reference of :func:`specdec_kernels.ops.build_lookahead_masks` (one cell at a time)."""
+    from specdec_kernels.ops import LookaheadMasks
+    from specdec_kernels.tree import pack_tree_mask
+
+    batch = window.shape[0]
+    columns = tree_nodes + num_rows
+    device = window.device
+    mask = torch.zeros(batch, num_rows, columns, dtype=torch.bool, device=device)
+    positions = torch.full((batch, num_rows), -1, dtype=torch.int64, device=device)
+    for b in range(batch):
+        width, depth = int(window[b]), int(levels[b])
+
+        def column(level: int, i: int) -> int:  # block column of cell (level, i)
+            return 0 if level == i == 0 else tree_nodes + level * width + i - 1
+
+        for level in range(depth):
+            for i in range(width):
+                if level == i == 0:
+                    continue
+                r = column(level, i) - tree_nodes
+                seen = [column(0, j) for j in range(i + 1)]
+                seen += [column(m, i) for m in range(1, level + 1)]
+                mask[b, r, seen] = True
+                positions[b, r] = level + i
+        used = width * depth - 1 if width and depth else 0
+        for r in range(used, num_rows):
+            mask[b, r, tree_nodes + r] = True
+    return LookaheadMasks(mask, pack_tree_mask(mask), positions)
+
+
 def tree_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -502,3 +533,16 @@ def typical_verify_tree(
         requests, params, _offset_or_zeros(offset, batch), width,
         (posterior_threshold, posterior_alpha), target_logits.device,
     )
+
+
+# ----------------------------------------------------------------------------- small-batch linear
+
+
+def small_batch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.small_batch_linear`: the product in float64,
+    rounded once to ``x``'s dtype (the kernel accumulates in float32, so compare with a
+    tolerance; its batch invariance is tested separately)."""
+    out = x.double() @ weight.double().T
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype)

@@ -454,7 +454,11 @@ def prefix_valid_from_lens(prefix_lens: Tensor, past_length: int) -> Tensor:
 
 
 def tree_attention_mask_4d(
-    tree_mask: Tensor, prefix_valid: Tensor, *, sliding_window: int | None = None
+    tree_mask: Tensor,
+    prefix_valid: Tensor,
+    *,
+    sliding_window: int | None = None,
+    depth: Tensor | None = None,
 ) -> Tensor:
     """Boolean 4-D mask over ``[prefix + tree]`` in the form Hugging Face models accept.
 
@@ -477,6 +481,10 @@ def tree_attention_mask_4d(
         differ by less than the window (HF's convention). Positions count valid columns, so the
         mask is right for a truncated sliding cache too when ``prefix_valid`` describes that
         layer's cache.
+    depth : Tensor, optional
+        ``[B, T]`` position of each node after the root, for the sliding window; by default
+        the node's ancestor count minus one (right for trees; give it for blocks whose rows
+        are not a tree).
 
     Returns
     -------
@@ -499,7 +507,9 @@ def tree_attention_mask_4d(
     if sliding_window is not None:
         if sliding_window <= 0:
             raise ValueError(f"sliding_window must be positive, got {sliding_window}")
-        depth = tree_mask.sum(-1) - 1  # ancestors-or-self minus one
+        if depth is None:
+            depth = tree_mask.sum(-1) - 1  # ancestors-or-self minus one
+        depth = depth.to(device=tree_mask.device, dtype=torch.int64)
         valid_count = prefix_valid.sum(-1, keepdim=True)  # [B, 1]
         key_pos = prefix_valid.cumsum(-1) - 1  # [B, P] position of each valid column
         query_pos = valid_count + depth  # [B, T]

@@ -1,17 +1,18 @@
 // CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh).
 //
-// Index values are validated on the host before anything is written (one small device-to-host
-// copy), except while a CUDA graph is being captured, where no copy is allowed: then the caller
-// is trusted, as in every other graph-captured kernel.
+// No host copies: index values are not read on the host, so a call never waits for the device
+// (ops.compact_kv_cache_(..., validate=True) and friends check them on the host first, when the
+// caller asks). Unchecked, the kernels stay inside the tensors: counts are clamped and rows whose
+// source or destination lies outside the cache are skipped.
 
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cuda/kernels/kv_cache.cuh"
 #include "kv_cache_common.h"
@@ -21,10 +22,6 @@ namespace {
 
 constexpr int kCompactThreads = 128;
 constexpr int64_t kStagingBytes = 32 * 1024;
-
-bool capturing_graph() {
-  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-}
 
 // Widest access (16, 8, 4, 2 or 1 bytes) that divides every byte offset the kernel forms.
 int vector_width(at::TensorList caches, std::initializer_list<int64_t> byte_quantities) {
@@ -46,31 +43,46 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
   auto stream = c10::cuda::getCurrentCUDAStream();
   // No rows to move (also H = 0, which would make an empty grid): only the lengths advance.
   if (batch > 0 && heads > 0 && max_accepted > 0 && row_bytes > 0) {
-    TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
-                max_accepted, " is too large: at most ", kStagingBytes / width,
-                " accepted rows per request for this row width");
-    int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
-    chunk -= chunk % width;
-    const int64_t blocks = static_cast<int64_t>(caches.size()) * batch * heads;
-    TORCH_CHECK_VALUE(blocks <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
-                "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
-                " rows of ", row_bytes, " bytes with accept_positions.size(1) = ", max_accepted,
-                " exceeds the CUDA grid limits");
     CacheTensorTable table{};
     for (size_t i = 0; i < caches.size(); ++i) table.base[i] = static_cast<char*>(caches[i].data_ptr());
-    const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
-                             static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
-                             chunk};
-    const dim3 grid(static_cast<unsigned>(blocks),
-                    static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
-    const size_t smem = static_cast<size_t>(max_accepted * chunk);
+    const int64_t groups = static_cast<int64_t>(caches.size()) * batch * heads;
     const index_t* positions = accept_positions.const_data_ptr<index_t>();
     const index_t* counts = num_accepted.const_data_ptr<index_t>();
     const index_t* lens = cache_lens.const_data_ptr<index_t>();
     auto launch = [&](auto vec_tag) {
       using vec_t = decltype(vec_tag);
-      compact_kv_rows_kernel<vec_t, index_t, Rows><<<grid, kCompactThreads, smem, stream>>>(
-          table, rows, shape, positions, counts, lens);
+      if (max_accepted <= kCompactRegisterRows) {
+        // One thread per vector column of every (tensor, request, head) row set.
+        const int64_t threads = groups * (row_bytes / static_cast<int64_t>(sizeof(vec_t)));
+        TORCH_CHECK_VALUE(threads <= INT32_MAX, "compaction of ", caches.size(), " caches of ",
+                          batch, " x ", heads, " rows of ", row_bytes,
+                          " bytes exceeds the kernel's 32-bit thread index");
+        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
+                                 static_cast<int>(heads), static_cast<int>(max_accepted),
+                                 row_bytes, row_bytes};
+        compact_kv_columns_kernel<vec_t, index_t, Rows>
+            <<<static_cast<unsigned>(ceil_div<int64_t>(threads, kCompactThreads)), kCompactThreads,
+               0, stream>>>(table, rows, shape, positions, counts, lens);
+      } else {
+        // Wide accept_positions: each block stages a byte range of its rows in shared memory.
+        TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
+                          max_accepted, " is too large: at most ", kStagingBytes / width,
+                          " accepted rows per request for this row width");
+        int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
+        chunk -= chunk % width;
+        TORCH_CHECK_VALUE(groups <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
+                          "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
+                          " rows of ", row_bytes, " bytes with accept_positions.size(1) = ",
+                          max_accepted, " exceeds the CUDA grid limits");
+        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
+                                 static_cast<int>(heads), static_cast<int>(max_accepted),
+                                 row_bytes, chunk};
+        const dim3 grid(static_cast<unsigned>(groups),
+                        static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
+        compact_kv_rows_kernel<vec_t, index_t, Rows>
+            <<<grid, kCompactThreads, static_cast<size_t>(max_accepted * chunk), stream>>>(
+                table, rows, shape, positions, counts, lens);
+      }
     };
     switch (width) {
       case 16: launch(uint4{}); break;
@@ -82,6 +94,7 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (batch > 0) {
+    // After the compaction on the same stream, so no block still reads cache_lens.
     advance_cache_lens_kernel<index_t><<<ceil_div<int64_t>(batch, 256), 256, 0, stream>>>(
         cache_lens.mutable_data_ptr<index_t>(), num_accepted.const_data_ptr<index_t>(),
         static_cast<int>(batch));
@@ -96,11 +109,6 @@ void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
   check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cuda", [&] {
-    if (!capturing_graph()) {
-      check_compact_values<index_t>(cache_lens.cpu(), accept_positions.cpu(),
-                                    num_accepted.cpu(), g.rows,
-                                    "positions must be < S, the cache's capacity");
-    }
     const int width = vector_width(
         caches, {g.row_bytes, g.rows.stride_b, g.rows.stride_h, g.rows.stride_s});
     launch_compact<index_t>(caches, g.rows, g.batch, g.heads, g.row_bytes, width, cache_lens,
@@ -122,16 +130,8 @@ void compact_paged_kv_cache_cuda(at::TensorList caches, const at::Tensor& block_
                caches[0].device());
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cuda", [&] {
-    const int64_t max_blocks = block_tables.size(1);
-    if (!capturing_graph()) {
-      const at::Tensor tables_cpu = block_tables.cpu();
-      check_compact_values<index_t>(
-          cache_lens.cpu(), accept_positions.cpu(), num_accepted.cpu(),
-          paged_rows(g, tables_cpu.const_data_ptr<index_t>(), max_blocks),
-          "its block must be allocated in block_tables");
-    }
     const PagedRows<index_t> rows =
-        paged_rows(g, block_tables.const_data_ptr<index_t>(), max_blocks);
+        paged_rows(g, block_tables.const_data_ptr<index_t>(), block_tables.size(1));
     const int width = vector_width(
         caches, {g.row_bytes, g.stride_block, g.stride_slot, g.stride_h});
     launch_compact<index_t>(caches, rows, batch, g.heads, g.row_bytes, width, cache_lens,
@@ -147,7 +147,6 @@ void rollback_paged_kv_cache_cuda(const at::Tensor& block_tables, const at::Tens
   if (batch == 0) return;
   const c10::cuda::CUDAGuard guard(block_tables.device());
   AT_DISPATCH_INDEX_TYPES(block_tables.scalar_type(), "rollback_paged_kv_cache_cuda", [&] {
-    if (!capturing_graph()) check_rollback_values<index_t>(cache_lens.cpu(), new_lens.cpu());
     constexpr int kWarps = 4;
     rollback_paged_kernel<index_t>
         <<<ceil_div<int64_t>(batch, kWarps), kWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(

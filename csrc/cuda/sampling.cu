@@ -1,10 +1,12 @@
 // CUDA launchers of the sampling and verification ops (kernels in kernels/sampling_kernels.cuh).
 //
-// Value errors are detected on the device, per request, into a small error-code tensor; after
-// the kernel it is copied to the host (one synchronisation) and the first error raised as a
-// ValueError with the same message as on the CPU. While a CUDA graph is being captured no copy
-// is allowed: the check is skipped, and a request with an error has num_accepted = 0 and all
-// tokens -1 (sample: token -1, probabilities 0), so nothing uninitialised escapes.
+// Value errors are detected on the device, per request, into a small error-code tensor and
+// raised as a ValueError with the same message as on the CPU: by default after the kernel (one
+// small copy to the host, a synchronisation), or, under ops.deferred_errors(), when the caller
+// asks (ops.raise_deferred_errors(), e.g. after the synchronisation it does to read the outputs).
+// While a CUDA graph is being captured no check is possible: a request with an error has
+// num_accepted = 0 and all tokens -1 (sample: token -1, probabilities 0), so nothing
+// uninitialised escapes.
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -16,11 +18,15 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/kernels/sampling_kernels.cuh"
+#include "deferred_errors.h"
 #include "sampling_common.h"
 
 namespace specdec {
@@ -36,17 +42,90 @@ bool rows_aligned(const at::Tensor& logits) {
   return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
 }
 
-// Threads per row team: enough for the row's chunks, a multiple of 32, at most kMaxTeamThreads.
-int team_threads(int64_t chunks) {
-  int threads = 32;
-  while (threads < kMaxTeamThreads && threads < chunks) threads *= 2;
-  return threads;
+// What the team plan needs to know about a device (read once per device).
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0;
+  int smem_per_sm = 0;     // bytes
+  int smem_per_block = 0;  // bytes a block may opt in to
+};
+
+const DeviceInfo& device_info(int device) {
+  constexpr int kMaxDevices = 64;
+  static DeviceInfo infos[kMaxDevices];
+  static std::once_flag once[kMaxDevices];
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "device index ", device, " out of range");
+  std::call_once(once[device], [device] {
+    DeviceInfo& d = infos[device];
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm,
+                                          cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_block,
+                                          cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  });
+  return infos[device];
 }
 
-// One block per row (sample) or per (request, node) (verify): the grid's x limit.
-void check_grid(int64_t blocks, const char* what) {
-  TORCH_CHECK_VALUE(blocks <= 0x7fffffff, what, " = ", blocks,
-                    " exceeds the 2^31 - 1 blocks one launch can have");
+// The team of each row (see kernels/sampling_kernels.cuh): on sm_90 and later a cluster of up to
+// 8 blocks, enough that a block's slice of the row fits its shared memory with two blocks per
+// SM (more when there are few rows, so that about two blocks per SM are busy, keeping at least
+// 4096 elements per block). Earlier GPUs: one block per row. The slice is copied to shared
+// memory when it fits (two blocks per SM, else one); else later passes re-read global memory.
+template <typename T, int VEC>
+TeamArgs plan_team(int64_t rows, int64_t vocab, const DeviceInfo& info, uint32_t& smem_bytes) {
+  using Bits = typename Elem<T>::Bits;
+  constexpr int64_t kTile = 32 * VEC;
+  const int64_t tiles = ceil_div<int64_t>(vocab, kTile);
+  // Building the bf16 weight table (4096 exps) pays off once a row is a few times longer.
+  const bool table = Elem<T>::kTable && vocab >= 16384;
+  const int64_t fixed = team_layout(table, 0).bytes;
+  const int64_t reserved = static_cast<int64_t>(sizeof(TeamShared)) + 64 + 1024;  // + per-block reserve
+  const auto budget = [&](int blocks_per_sm) {
+    return std::min<int64_t>(info.smem_per_block, info.smem_per_sm / blocks_per_sm) - reserved -
+           fixed;
+  };
+  const auto slice_bytes = [&](int size) {
+    return ceil_div<int64_t>(tiles, size) * kTile * static_cast<int64_t>(sizeof(Bits));
+  };
+  int size = 1;
+  if (info.major >= 9) {
+    while (size < kMaxTeamBlocks && slice_bytes(size) > budget(2)) size *= 2;
+    while (size < kMaxTeamBlocks && rows * size < 2 * info.sms &&
+           ceil_div<int64_t>(tiles, 2 * size) * kTile >= 4096)
+      size *= 2;
+  }
+  int64_t cache = slice_bytes(size);
+  if (cache > budget(1)) cache = 0;
+  smem_bytes = team_layout(table, static_cast<uint32_t>(cache)).bytes;
+  return {size, static_cast<uint32_t>(cache), table};
+}
+
+// Launches `teams` row teams of ta.size blocks each (a cluster when size > 1).
+template <typename... Params, typename... Args>
+void launch_teams(void (*kernel)(Params...), int64_t teams, const TeamArgs& ta, uint32_t smem,
+                  const char* what, Args&&... args) {
+  const int64_t blocks = teams * ta.size;
+  TORCH_CHECK_VALUE(blocks <= 0x7fffffff, what, " = ", teams, " rows need ", blocks,
+                    " blocks, more than one launch can have (2^31 - 1)");
+  if (smem > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kTeamThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attribute[1];
+  if (ta.size > 1) {
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = static_cast<unsigned>(ta.size);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 ParamsView params_view(const ParamTensors& p) {
@@ -55,11 +134,76 @@ ParamsView params_view(const ParamTensors& p) {
           p.seed.const_data_ptr<int64_t>(),      p.offset.const_data_ptr<int64_t>()};
 }
 
+// What an error message needs, owned (a deferred check runs after the call returned).
+struct OwnedErrorContext {
+  OpKind op;
+  at::Tensor temperature, top_k, top_p, min_p, seed, offset;
+  std::optional<at::Tensor> tokens, num_draft, parents, draft_probs;
+  int64_t vocab = 0;
+
+  explicit OwnedErrorContext(const ErrorContext& c)
+      : op(c.op),
+        temperature(c.params.temperature),
+        top_k(c.params.top_k),
+        top_p(c.params.top_p),
+        min_p(c.params.min_p),
+        seed(c.params.seed),
+        offset(c.params.offset),
+        vocab(c.vocab) {
+    if (c.tokens != nullptr) tokens = *c.tokens;
+    if (c.num_draft != nullptr) num_draft = *c.num_draft;
+    if (c.parents != nullptr) parents = *c.parents;
+    if (c.draft_probs != nullptr) draft_probs = *c.draft_probs;
+  }
+
+  void raise_first(const uint64_t* codes, int64_t n) const {
+    const ParamTensors params{temperature, top_k, top_p, min_p, seed, offset};
+    ErrorContext c{op, params};
+    c.tokens = tokens ? &*tokens : nullptr;
+    c.num_draft = num_draft ? &*num_draft : nullptr;
+    c.parents = parents ? &*parents : nullptr;
+    c.draft_probs = draft_probs ? &*draft_probs : nullptr;
+    c.vocab = vocab;
+    raise_first_error(codes, n, c);
+  }
+};
+
+// A CUDA event marking when a deferred copy of error codes has landed.
+class CopyDone {
+ public:
+  CopyDone() { C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~CopyDone() { cudaEventDestroy(event_); }
+  CopyDone(const CopyDone&) = delete;
+  CopyDone& operator=(const CopyDone&) = delete;
+  void record() { C10_CUDA_CHECK(cudaEventRecord(event_, c10::cuda::getCurrentCUDAStream())); }
+  void wait() const { C10_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Raises the first request's error. By default the codes are copied to the host at once (one
+// synchronisation). Under ops.deferred_errors() they are copied asynchronously into pinned
+// memory and checked by ops.raise_deferred_errors(): after a synchronisation the caller does
+// anyway (reading the outputs), that check costs no wait. Under CUDA-graph capture nothing is
+// checked: the outputs carry the errors (num_accepted 0 and tokens -1, or token -1).
 void raise_device_errors(const at::Tensor& errors, const ErrorContext& ctx) {
   if (capturing_graph()) return;
-  const at::Tensor host = errors.cpu();
-  raise_first_error(reinterpret_cast<const uint64_t*>(host.const_data_ptr<int64_t>()),
-                    host.size(0), ctx);
+  if (!deferred_errors_enabled()) {
+    const at::Tensor host = errors.cpu();
+    raise_first_error(reinterpret_cast<const uint64_t*>(host.const_data_ptr<int64_t>()),
+                      host.size(0), ctx);
+    return;
+  }
+  at::Tensor host = at::empty(errors.sizes(), errors.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(errors, /*non_blocking=*/true);
+  auto done = std::make_shared<CopyDone>();
+  done->record();
+  defer_error_check([host, done, owned = OwnedErrorContext(ctx)]() {
+    done->wait();
+    owned.raise_first(reinterpret_cast<const uint64_t*>(host.const_data_ptr<int64_t>()),
+                      host.size(0));
+  });
 }
 
 // Calls launch(device type tag, vector width) for the logits dtype and alignment.
@@ -100,20 +244,19 @@ std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
       at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
   at::Tensor errors = at::empty({rows}, logits.options().dtype(at::kLong));
   if (rows == 0) return {tokens, probs};
-  check_grid(rows, "N (rows of logits)");
   const ParamsView view = params_view(params);
   const int mantissa = mantissa_bits(logits.scalar_type());
+  const DeviceInfo& info = device_info(logits.get_device());
   dispatch_logits(logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
-    const int threads = team_threads(vocab / kVec);
-    sample_kernel<T, kVec><<<static_cast<unsigned>(rows), threads, 0,
-                             c10::cuda::getCurrentCUDAStream()>>>(
-        static_cast<const T*>(logits.const_data_ptr()), vocab, mantissa, view,
-        tokens.mutable_data_ptr<int64_t>(),
-        with_probs ? probs.mutable_data_ptr<float>() : nullptr,
-        reinterpret_cast<unsigned long long*>(errors.mutable_data_ptr<int64_t>()));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    uint32_t smem = 0;
+    const TeamArgs ta = plan_team<T, kVec>(rows, vocab, info, smem);
+    launch_teams(&sample_kernel<T, kVec>, rows, ta, smem, "N (rows of logits)",
+                 static_cast<const T*>(logits.const_data_ptr()), vocab, mantissa, view, ta,
+                 tokens.mutable_data_ptr<int64_t>(),
+                 with_probs ? probs.mutable_data_ptr<float>() : nullptr,
+                 reinterpret_cast<unsigned long long*>(errors.mutable_data_ptr<int64_t>()));
   });
   ErrorContext ctx{OpKind::kSample, params};
   ctx.vocab = vocab;
@@ -166,14 +309,14 @@ struct Workspace {
 template <bool kTree>
 void launch_verify(VerifyArgs& args, const at::Tensor& target_logits) {
   if (args.batch * args.rows == 0) return;
-  check_grid(args.batch * args.rows, "B * (K + 1) or B * T");
+  const DeviceInfo& info = device_info(target_logits.get_device());
   dispatch_logits(target_logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
-    const int threads = team_threads(args.vocab / kVec);
-    verify_kernel<T, kVec, kTree><<<static_cast<unsigned>(args.batch * args.rows), threads, 0,
-                                    c10::cuda::getCurrentCUDAStream()>>>(args);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    uint32_t smem = 0;
+    const TeamArgs ta = plan_team<T, kVec>(args.batch * args.rows, args.vocab, info, smem);
+    launch_teams(&verify_kernel<T, kVec, kTree>, args.batch * args.rows, ta, smem,
+                 "B * (K + 1) or B * T", args, ta);
   });
 }
 

@@ -9,7 +9,19 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_kernels.bench.methods import BATCH_ONE_METHODS, METHOD_DESCRIPTIONS
+from specdec_kernels.bench.methods import (
+    BATCH_ONE_METHODS,
+    METHOD_DESCRIPTIONS,
+    METHOD_DRAFTERS,
+    check_method_names,
+)
+from specdec_kernels.cli import (
+    DRAFTER_OPTIONS,
+    add_method_arguments,
+    drafter_options,
+    given_drafter_options,
+    run_command,
+)
 
 #: Methods run when --methods is not given (draft-model ones are added when --draft is).
 DEFAULT_METHODS = [
@@ -19,6 +31,10 @@ DEFAULT_METHODS = [
     "hf-prompt-lookup",
     "ours-self-speculative",
     "hf-early-exit",
+    "ours-lookahead",
+    "ours-jacobi",
+    "ours-medusa",
+    "ours-blockwise",
 ]
 
 
@@ -41,15 +57,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--medusa-heads",
+                        help="heads folder for ours-medusa/ours-blockwise (default: shipped)")
+    parser.add_argument("--medusa-cost-curve",
+                        help="step-cost JSON the medusa/blockwise trees are derived from "
+                             "(default: the shipped CPU curve)")
     parser.add_argument("--exit-layer", type=int,
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
+    # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
+    add_method_arguments(parser)
+
+
+def _drafter_options(args: argparse.Namespace, names: list) -> dict:
+    """Drafter options by drafter name; an option no method of the run takes is an error."""
+    drafters = {METHOD_DRAFTERS[n] for n in names if n in METHOD_DRAFTERS}
+    taken = {option for d in drafters for option in DRAFTER_OPTIONS[d]}
+    unused = sorted(set(given_drafter_options(args)) - taken)
+    if unused:
+        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
+        raise ValueError(f"{flags}: no method of this run takes it ({', '.join(names)})")
+    return {d: drafter_options(args, d) for d in drafters}
 
 
 def run(args: argparse.Namespace) -> dict:
+    # The options are checked before the models are loaded.
+    if args.max_new_tokens < 1 or args.repeats < 1 or args.batch_size < 1:
+        raise ValueError("--max-new-tokens, --repeats and --batch-size must be >= 1")
+    names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
+    if args.draft and not args.methods:
+        names += ["ours-draft-model", "hf-assisted"]
+    if not args.methods and args.target != "default" and not args.medusa_heads:
+        names = [n for n in names if n not in ("ours-medusa", "ours-blockwise")]
+    if args.batch_size > 1:
+        batch_one = [n for n in names if n in BATCH_ONE_METHODS]
+        if args.methods and batch_one:
+            raise ValueError(f"{batch_one} run at batch size 1 only (HF assisted generation)")
+        names = [n for n in names if n not in BATCH_ONE_METHODS]
+    check_method_names(names, has_draft=bool(args.draft))
+    options = _drafter_options(args, names)
+
     import torch
 
     from specdec_kernels.bench.harness import group_prompts, run_benchmark
@@ -58,18 +108,8 @@ def run(args: argparse.Namespace) -> dict:
     from specdec_kernels.bench.report import write_reports
     from specdec_kernels.models import encode_prompts, load_model
 
-    if args.max_new_tokens < 1 or args.repeats < 1 or args.batch_size < 1:
-        raise SystemExit("--max-new-tokens, --repeats and --batch-size must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
-    if args.draft and not args.methods:
-        names += ["ours-draft-model", "hf-assisted"]
-    if args.batch_size > 1:
-        batch_one = [n for n in names if n in BATCH_ONE_METHODS]
-        if args.methods and batch_one:
-            raise SystemExit(f"{batch_one} run at batch size 1 only (HF assisted generation)")
-        names = [n for n in names if n not in BATCH_ONE_METHODS]
 
     prompts = select_prompts(
         load_prompts(args.prompt_file),
@@ -80,7 +120,11 @@ def run(args: argparse.Namespace) -> dict:
     draft = load_model(args.draft, dtype=args.dtype, device=args.device) if args.draft else None
     methods = build_methods(
         names, target.model, target.tokenizer,
-        draft_model=draft.model if draft else None, exit_layer=args.exit_layer,
+        draft_model=draft.model if draft else None,
+        draft_tokenizer=draft.tokenizer if draft else None,
+        exit_layer=args.exit_layer, drafter_options=options,
+        cpu_kernels=not args.torch_kernels,
+        medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
     )
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     groups = len(group_prompts(prompts, args.batch_size))
@@ -89,14 +133,10 @@ def run(args: argparse.Namespace) -> dict:
           f"{args.repeats} repeat(s) "
           f"= {total} runs, {args.max_new_tokens} new tokens each", file=sys.stderr)
 
-    from tqdm import tqdm
+    from specdec_kernels.bench.progress import BenchProgress
 
     start = time.perf_counter()
-    with tqdm(total=total, unit="run", file=sys.stderr) as bar:
-        def progress(label):
-            bar.set_postfix_str(label)
-            bar.update()
-
+    with BenchProgress({name: groups * args.repeats for name in methods}) as progress:
         measurements = run_benchmark(
             methods, prompts,
             lambda text: encode_prompts(target.tokenizer, [text])[0],
@@ -116,6 +156,7 @@ def run(args: argparse.Namespace) -> dict:
         "repeats": args.repeats,
         "batch_size": args.batch_size,
         "temperature": args.temperature,
+        "cpu_kernels": not args.torch_kernels,
         "methods": {name: METHOD_DESCRIPTIONS[name] for name in methods},
         "method_settings": {n: getattr(m, "settings", {}) for n, m in methods.items()},
         "date": time.strftime("%Y-%m-%d"),
@@ -136,7 +177,7 @@ def command_line(args: argparse.Namespace) -> str:
     parser = build_parser()
     words = ["specdec", "bench"]
     for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
+        if not action.option_strings or action.dest in ("help", "debug"):
             continue
         value = getattr(args, action.dest, action.default)
         if value == action.default:
@@ -170,5 +211,9 @@ def _run_subcommand(args: argparse.Namespace) -> int:
 
 def main(argv=None) -> int:
     """``python -m specdec_kernels.bench``: the same as ``specdec bench``."""
-    run(build_parser().parse_args(argv))
-    return 0
+    parser = build_parser()
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of every error"
+    )
+    parser.set_defaults(func=_run_subcommand)
+    return run_command(parser, argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import asdict, dataclass
 
 from specdec_kernels.bench.methods import BASELINE, RunRecord, Sampling
@@ -74,7 +75,9 @@ def run_benchmark(
     order_seed : int
         Seed of the shuffled method order.
     progress : callable, optional
-        Called with a short label after each run (e.g. a progress bar's update).
+        ``progress(method, label, seconds)``: called as each timed run starts (``seconds``
+        None; ``label`` names the method and the group's first question) and when it ends
+        (with its wall time), e.g. :class:`~specdec_kernels.bench.progress.BenchProgress`.
     """
     order = random.Random(order_seed)
     encoded = {p.question_id: encode(p.text) for p in prompts}
@@ -91,10 +94,14 @@ def run_benchmark(
             names = list(methods)
             order.shuffle(names)
             for name in names:
-                record = methods[name].run(batch, max_new_tokens, sampling)
-                measurements.append(Measurement(name, ids, group[0].category, repeat, record))
+                label = f"{name} q{ids[0]}"
                 if progress is not None:
-                    progress(f"{name} q{ids[0]}")
+                    progress(name, label, None)
+                start = time.perf_counter()
+                record = methods[name].run(batch, max_new_tokens, sampling)
+                if progress is not None:
+                    progress(name, label, time.perf_counter() - start)
+                measurements.append(Measurement(name, ids, group[0].category, repeat, record))
     if sampling.greedy:
         mark_identical(measurements)
     return measurements

@@ -3,6 +3,8 @@ a user would otherwise pick (Hugging Face ``generate``, plain and assisted)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -75,8 +77,40 @@ class ForwardCounter:
         self._handle.remove()
 
 
+class _HFInternalWarning(logging.Filter):
+    """Drops transformers' "Passing `generation_config` together with generation-related
+    arguments ... is deprecated" warning.
+
+    Our ``generate`` call passes every setting as a keyword argument and no
+    ``generation_config``; the warning comes from transformers' own assisted generation,
+    whose candidate generator calls the assistant's ``generate`` with its generation config
+    *and* ``min_new_tokens`` / ``max_new_tokens`` (transformers 5.x). Only that message is
+    dropped, and only while an assisted peer runs.
+    """
+
+    PREFIX = "Passing `generation_config` together with generation-related"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.PREFIX)
+
+
+@contextlib.contextmanager
+def _without_hf_internal_warning():
+    logger = logging.getLogger("transformers.generation.utils")
+    drop = _HFInternalWarning()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 class HFMethod:
-    """``model.generate`` with fixed extra keyword arguments (assisted generation options)."""
+    """``model.generate`` with fixed extra keyword arguments (assisted generation options).
+
+    Every generation setting goes to ``generate`` as a keyword argument (the model's own
+    ``generation_config`` supplies the rest), never together with a ``generation_config``.
+    """
 
     kind = "hf"
 
@@ -107,9 +141,10 @@ class HFMethod:
                 top_k=sampling.top_k or None, top_p=sampling.top_p,
             )
         counter = ForwardCounter(self.model)
+        quiet = _without_hf_internal_warning() if self.generate_kwargs else contextlib.nullcontext()
         try:
             start = time.perf_counter()
-            with torch.inference_mode():
+            with torch.inference_mode(), quiet:
                 out = self.model.generate(
                     input_ids.to(device),
                     attention_mask=attention_mask.to(device),
@@ -205,9 +240,38 @@ METHOD_DESCRIPTIONS = {
     "hf-prompt-lookup": "HF assisted generation, prompt_lookup_num_tokens",
     "ours-self-speculative": "ours, layer-skip self-speculation (first L layers draft)",
     "hf-early-exit": "HF assisted generation, assistant_early_exit (layer skip)",
+    "ours-lookahead": "ours, lookahead decoding (Jacobi window + n-gram pool, one forward)",
+    "ours-jacobi": "ours, plain Jacobi decoding (guesses verified as a chain)",
+    "ours-medusa": "ours, Medusa heads (shipped for the default model), tree of top-k guesses",
+    "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
 }
+
+
+#: Our methods with a drafter, and its name (as in ``build_methods(drafter_options=...)`` and
+#: ``specdec generate --drafter``).
+METHOD_DRAFTERS = {
+    "ours-prompt-lookup": "prompt-lookup",
+    "ours-self-speculative": "self-speculative",
+    "ours-draft-model": "draft-model",
+    "ours-lookahead": "lookahead",
+    "ours-jacobi": "jacobi",
+}
+
+#: The methods that need a draft model.
+DRAFT_METHODS = ("ours-draft-model", "hf-assisted")
+
+
+def check_method_names(names: list, *, has_draft: bool) -> None:
+    """Raise ``ValueError`` for an unknown method name, or a draft-model method without a
+    draft model (checked before any model is loaded)."""
+    unknown = [n for n in names if n not in METHOD_DESCRIPTIONS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_DESCRIPTIONS)}")
+    needs_draft = [n for n in names if n in DRAFT_METHODS]
+    if needs_draft and not has_draft:
+        raise ValueError(f"{needs_draft} need a draft model (--draft)")
 
 
 def build_methods(
@@ -216,55 +280,121 @@ def build_methods(
     tokenizer,
     *,
     draft_model=None,
+    draft_tokenizer=None,
     exit_layer: int | None = None,
     prompt_lookup_tokens: int = 10,
+    drafter_options: dict | None = None,
+    cpu_kernels: bool | None = None,
+    medusa_heads=None,
+    medusa_cost_curve=None,
 ) -> dict:
     """The requested methods, ready to run.
+
+    Parameters
+    ----------
+    names : list of str
+        Keys of :data:`METHOD_DESCRIPTIONS`.
+    model, tokenizer
+        The target and its tokenizer.
+    draft_model, draft_tokenizer : optional
+        The draft model of ``ours-draft-model`` / ``hf-assisted`` and its own tokenizer
+        (checked against the target's).
+    exit_layer : int, optional
+        Layers the self-speculative drafts use, ours and HF's alike.
+    prompt_lookup_tokens : int
+        HF's ``prompt_lookup_num_tokens``.
+    drafter_options : dict, optional
+        Constructor options of our drafters by drafter name (see :data:`METHOD_DRAFTERS`),
+        e.g. ``{"draft-model": {"adaptive": True}}``.
+    cpu_kernels : bool, optional
+        Whether our methods use the package's CPU kernels (see :func:`specdec_kernels.generate`;
+        default: on for CPU models).
+    medusa_heads : str or MedusaHeads, optional
+        The heads of ``ours-medusa`` / ``ours-blockwise`` (a folder or
+        :class:`~specdec_kernels.medusa.MedusaHeads`); the heads shipped for the default model
+        when ``None`` (loaded once, shared by every run).
+    medusa_cost_curve : str, optional
+        The step-cost JSON their trees are derived from (see
+        :class:`~specdec_kernels.decoding.cost.StepCost`).
 
     Raises
     ------
     ValueError
-        An unknown name, or a draft-model method without a draft model.
+        An unknown name, a draft-model method without a draft model, a draft tokenizer that
+        differs from the target's, or bad drafter options.
     """
     from specdec_kernels.decoding import (
+        BlockwiseDrafter,
         DraftModelDrafter,
+        JacobiDrafter,
+        LookaheadDrafter,
+        MedusaDrafter,
         PromptLookupDrafter,
         SelfSpeculativeDrafter,
     )
+    from specdec_kernels.decoding.draft_model import check_same_vocabulary
     from specdec_kernels.decoding.self_speculative import DEFAULT_LAYERS_SKIPPED
 
-    unknown = [n for n in names if n not in METHOD_DESCRIPTIONS]
-    if unknown:
-        raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_DESCRIPTIONS)}")
-    needs_draft = [n for n in names if n in ("ours-draft-model", "hf-assisted")]
-    if needs_draft and draft_model is None:
-        raise ValueError(f"{needs_draft} need a draft model (--draft)")
+    check_method_names(names, has_draft=draft_model is not None)
+    if any(n in DRAFT_METHODS for n in names):
+        check_same_vocabulary(tokenizer, draft_tokenizer)
+    options = drafter_options or {}
+    if any(n in ("ours-medusa", "ours-blockwise") for n in names):
+        from specdec_kernels.medusa.heads import load_heads
+
+        if medusa_heads is None:
+            from specdec_kernels.decoding.medusa import load_default_heads
+
+            medusa_heads = load_default_heads()
+        elif not hasattr(medusa_heads, "num_heads"):
+            medusa_heads = load_heads(medusa_heads)
     # Ours and HF's layer skip exit at the same layer, so they compare like for like.
     depth = model.config.num_hidden_layers
     layers = exit_layer or max(1, depth - DEFAULT_LAYERS_SKIPPED)
+
+    def ours(name, make_drafter):
+        return OursMethod(name, model, tokenizer, make_drafter, cpu_kernels=cpu_kernels)
+
     factories = {
         "hf-generate": lambda: HFMethod("hf-generate", model, tokenizer),
-        "ours-autoregressive": lambda: OursMethod(
-            "ours-autoregressive", model, tokenizer, lambda: None
-        ),
-        "ours-prompt-lookup": lambda: OursMethod(
-            "ours-prompt-lookup", model, tokenizer, PromptLookupDrafter
+        "ours-autoregressive": lambda: ours("ours-autoregressive", lambda: None),
+        "ours-prompt-lookup": lambda: ours(
+            "ours-prompt-lookup", lambda: PromptLookupDrafter(**options.get("prompt-lookup", {}))
         ),
         "hf-prompt-lookup": lambda: HFMethod(
             "hf-prompt-lookup", model, tokenizer, prompt_lookup_num_tokens=prompt_lookup_tokens
         ),
-        "ours-self-speculative": lambda: OursMethod(
-            "ours-self-speculative", model, tokenizer, lambda: SelfSpeculativeDrafter(layers)
+        "ours-self-speculative": lambda: ours(
+            "ours-self-speculative",
+            lambda: SelfSpeculativeDrafter(layers, **options.get("self-speculative", {})),
         ),
         "hf-early-exit": lambda: HFMethod(
             "hf-early-exit", model, tokenizer, assistant_early_exit=layers
         ),
-        "ours-draft-model": lambda: OursMethod(
-            "ours-draft-model", model, tokenizer,
-            lambda: DraftModelDrafter(draft_model, tokenizer=tokenizer),
+        "ours-medusa": lambda: ours(
+            "ours-medusa", lambda: MedusaDrafter(medusa_heads, cost_curve=medusa_cost_curve)
+        ),
+        "ours-blockwise": lambda: ours(
+            "ours-blockwise", lambda: BlockwiseDrafter(medusa_heads, cost_curve=medusa_cost_curve)
+        ),
+        "ours-lookahead": lambda: ours(
+            "ours-lookahead", lambda: LookaheadDrafter(**options.get("lookahead", {}))
+        ),
+        "ours-jacobi": lambda: ours(
+            "ours-jacobi", lambda: JacobiDrafter(**options.get("jacobi", {}))
+        ),
+        "ours-draft-model": lambda: ours(
+            "ours-draft-model",
+            lambda: DraftModelDrafter(
+                draft_model, tokenizer=draft_tokenizer, **options.get("draft-model", {})
+            ),
         ),
         "hf-assisted": lambda: HFMethod(
             "hf-assisted", model, tokenizer, assistant_model=draft_model
         ),
     }
-    return {name: factories[name]() for name in names}
+    methods = {name: factories[name]() for name in names}
+    for method in methods.values():
+        if isinstance(method, OursMethod):
+            method.make_drafter()  # bad drafter options fail here, before any run
+    return methods

@@ -23,9 +23,11 @@ def summarize(measurements) -> dict:
     """Figures per method and category (plus ``overall``).
 
     Tokens/s is total new tokens over total seconds of a repeat; its median and range are
-    taken over repeats. Speedup is the median tokens/s over the baseline's, same category.
-    tau is new tokens per request per target forward (the prefill included); acceptance per
-    draft depth is accepted / proposed.
+    taken over repeats. Speedup is the median tokens/s over the baseline's, same category;
+    its range (``speedup_min`` / ``speedup_max``) is that of the per-repeat ratios (each
+    repeat against the baseline's same repeat). tau is new tokens per request per target
+    forward (the prefill included); acceptance per draft depth is accepted / proposed, None
+    at depths never proposed.
     """
     groups = defaultdict(list)
     for m in measurements:
@@ -37,6 +39,7 @@ def summarize(measurements) -> dict:
         for m in runs:
             by_repeat[m.repeat].append(m)
         rates = [_rate(r) for r in by_repeat.values()]
+        rate_by_repeat = {repeat: _rate(r) for repeat, r in by_repeat.items()}
         request_forwards = sum(sum(m.record.forward_rows) for m in runs)
         tokens = sum(m.record.new_tokens for m in runs)
         seconds = sum(m.record.seconds for m in runs)
@@ -53,6 +56,7 @@ def summarize(measurements) -> dict:
         step_rows = sum(sum(m.record.forward_rows[1:]) for m in runs)
         figures.setdefault(method, {})[category] = {
             "prompts": len({i for m in runs for i in m.question_ids}),
+            "repeats": len(by_repeat),
             "new_tokens": tokens,
             "tokens_per_second": statistics.median(rates),
             "tokens_per_second_min": min(rates),
@@ -61,7 +65,7 @@ def summarize(measurements) -> dict:
             "drafter_time_share": (
                 sum(drafter) / seconds if None not in drafter and seconds > 0 else None
             ),
-            "acceptance_at": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+            "acceptance_at": [a / p if p else None for a, p in zip(accepted, proposed)],
             "steps": len(step_widths),
             "drafter_seconds_per_step": (
                 sum(drafter) / len(step_widths) if None not in drafter and step_widths else None
@@ -75,7 +79,12 @@ def summarize(measurements) -> dict:
             "drafted_depth_per_step": (
                 sum(proposed) / step_rows if proposed and step_rows else None
             ),
+            # Steps that verified at least one draft (for lookahead: the pool held an n-gram
+            # for the pending token, its pool hit rate) and that accepted at least one.
+            "draft_rate": proposed[0] / step_rows if proposed and step_rows else None,
+            "accept_rate": accepted[0] / step_rows if accepted and step_rows else None,
             "identical": (sum(identical) / len(identical)) if identical else None,
+            "_rate_by_repeat": rate_by_repeat,
         }
     for method, per_category in figures.items():
         for category, row in per_category.items():
@@ -85,6 +94,16 @@ def summarize(measurements) -> dict:
                 if base and base["tokens_per_second"] > 0
                 else None
             )
+            ratios = [
+                rate / base["_rate_by_repeat"][repeat]
+                for repeat, rate in row["_rate_by_repeat"].items()
+                if base and base["_rate_by_repeat"].get(repeat, 0) > 0
+            ]
+            row["speedup_min"] = min(ratios) if ratios else None
+            row["speedup_max"] = max(ratios) if ratios else None
+    for per_category in figures.values():
+        for row in per_category.values():
+            del row["_rate_by_repeat"]
     return figures
 
 
@@ -146,60 +165,149 @@ def markdown(figures: dict, config: dict) -> str:
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     accepting = [m for m in _methods_in_order(figures) if figures[m][OVERALL]["acceptance_at"]]
     if accepting:
+        lines += [
+            "",
+            "Tokens per step by category (steps that verified a draft / that accepted one; "
+            "for lookahead the first is the pool hit rate):",
+            "",
+        ]
+        lines.append("| method | " + " | ".join(categories + [OVERALL]) + " |")
+        lines.append("|---|" + "---:|" * (len(categories) + 1))
+        for method in accepting:
+            cells = []
+            for category in categories + [OVERALL]:
+                row = figures[method].get(category)
+                cells.append(
+                    "—" if row is None
+                    else f"{_fmt(row['tokens_per_step'], '.2f')} ({_fmt(row['draft_rate'], '.0%')}"
+                    f" / {_fmt(row['accept_rate'], '.0%')})"
+                )
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
         depth = max(len(figures[m][OVERALL]["acceptance_at"]) for m in accepting)
         lines += ["", "Acceptance rate by draft depth (accepted / proposed):", ""]
         lines.append("| method | " + " | ".join(str(d + 1) for d in range(depth)) + " |")
         lines.append("|---|" + "---:|" * depth)
         for method in accepting:
             rates = figures[method][OVERALL]["acceptance_at"]
-            cells = [f"{rates[d]:.2f}" if d < len(rates) else "" for d in range(depth)]
+            cells = [
+                ("" if d >= len(rates) else "—" if rates[d] is None else f"{rates[d]:.2f}")
+                for d in range(depth)
+            ]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        if any(r is None for m in accepting for r in figures[m][OVERALL]["acceptance_at"]):
+            lines += ["", "— : never proposed at that depth."]
     return "\n".join(lines) + "\n"
 
 
-def plot(figures: dict, out_dir: Path) -> list:
-    """Speedup by category and method; acceptance by draft position. Returns the files."""
+def speedup_bars(figures: dict) -> tuple:
+    """What ``speedup.png`` draws: per method (the baseline left out), per category then
+    ``overall``, the median speedup and its min–max range over repeats.
+
+    Returns
+    -------
+    categories : list of str
+    bars : dict of method -> (values, lows, highs)
+        Lists over ``categories``; a missing figure is None.
+    runs : int
+        Repeats behind each bar (the fewest of any bar).
+    """
+    methods = [m for m in _methods_in_order(figures) if m != BASELINE]
+    categories = _categories_in_order(figures) + [OVERALL]
+    bars = {}
+    for method in methods:
+        rows = [figures[method].get(c) or {} for c in categories]
+        bars[method] = tuple(
+            [row.get(key) for row in rows] for key in ("speedup", "speedup_min", "speedup_max")
+        )
+    runs = min(
+        (row.get("repeats", 1) for m in methods for row in figures[m].values()), default=1
+    )
+    return categories, bars, runs
+
+
+def acceptance_series(figures: dict) -> dict:
+    """What ``acceptance.png`` draws: per method with acceptance figures, the draft depths
+    (1-based) that were proposed at least once and the acceptance rate at each; depths never
+    proposed are left out."""
+    series = {}
+    for method in _methods_in_order(figures):
+        if method == BASELINE:
+            continue
+        rates = figures[method][OVERALL]["acceptance_at"]
+        points = [(d + 1, r) for d, r in enumerate(rates) if r is not None]
+        if points:
+            series[method] = ([d for d, _ in points], [r for _, r in points])
+    return series
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [m for m in _methods_in_order(figures) if m != BASELINE]
-    categories = _categories_in_order(figures) + [OVERALL]
-    files = []
+    return plt
 
+
+def speedup_figure(figures: dict):
+    """The matplotlib figure of ``speedup.png`` (see :func:`speedup_bars`): bars with
+    min–max whiskers when there are several repeats, otherwise titled as single runs."""
+    plt = _pyplot()
+    categories, bars, runs = speedup_bars(figures)
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(categories)), 4.5))
-    width = 0.8 / max(len(methods), 1)
-    for i, method in enumerate(methods):
-        values = [
-            (figures[method].get(c) or {}).get("speedup") or 0.0 for c in categories
-        ]
-        ax.bar([j + i * width for j in range(len(categories))], values, width, label=method)
+    width = 0.8 / max(len(bars), 1)
+    for i, (method, (values, lows, highs)) in enumerate(bars.items()):
+        x = [j + i * width for j in range(len(categories))]
+        heights = [v or 0.0 for v in values]
+        if runs > 1:
+            known = [None not in t for t in zip(values, lows, highs)]
+            spread = [
+                [v - lo if k else 0.0 for v, lo, k in zip(values, lows, known)],
+                [hi - v if k else 0.0 for v, hi, k in zip(values, highs, known)],
+            ]
+            ax.bar(x, heights, width, label=method, yerr=spread, capsize=2,
+                   error_kw={"elinewidth": 0.8})
+        else:
+            ax.bar(x, heights, width, label=method)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks([j + width * (len(methods) - 1) / 2 for j in range(len(categories))])
+    ax.set_xticks([j + width * (len(bars) - 1) / 2 for j in range(len(categories))])
     ax.set_xticklabels(categories, rotation=20)
     ax.set_ylabel("speedup vs HF generate (tokens/s ratio)")
     ax.legend(fontsize=8, ncol=2)
-    ax.set_title("Speedup by category")
+    if runs > 1:
+        ax.set_title(f"Speedup by category (median of {runs} runs, whiskers: min–max)")
+    else:
+        ax.set_title("Speedup by category (1 run: no spread measured)")
     fig.tight_layout()
-    files.append(out_dir / "speedup.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
+
+def acceptance_figure(figures: dict):
+    """The matplotlib figure of ``acceptance.png`` (see :func:`acceptance_series`)."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in methods:
-        rates = figures[method][OVERALL]["acceptance_at"]
-        if rates:
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
-    ax.set_xlabel("draft depth")
+    for method, (depths, rates) in acceptance_series(figures).items():
+        ax.plot(depths, rates, marker="o", label=method)
+    ax.set_xlabel("draft depth (depths never proposed left out)")
     ax.set_ylabel("acceptance rate (accepted / proposed)")
     ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     ax.set_title("Acceptance by draft position")
     fig.tight_layout()
-    files.append(out_dir / "acceptance.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot(figures: dict, out_dir: Path) -> list:
+    """Speedup by category and method; acceptance by draft position. Returns the files."""
+    plt = _pyplot()
+
+    files = []
+    for name, make in (("speedup.png", speedup_figure), ("acceptance.png", acceptance_figure)):
+        fig = make(figures)
+        files.append(out_dir / name)
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
     return files
 
 

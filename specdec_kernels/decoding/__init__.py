@@ -3,7 +3,9 @@ by every method; methods differ only in the drafter.
 
 - :func:`generate`: the one-call API.
 - Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
-  :class:`PromptLookupDrafter` (subclass :class:`Drafter` for more).
+  :class:`PromptLookupDrafter`, :class:`LookaheadDrafter`, :class:`JacobiDrafter`,
+  :class:`MedusaDrafter`, :class:`BlockwiseDrafter` (subclass :class:`Drafter` for more; what a
+  drafter can get from the step is documented in :mod:`~specdec_kernels.decoding.drafter`).
 - :class:`Engine`, :class:`ModelRunner`, :class:`KVCache`: the parts, for harnesses.
 """
 
@@ -15,11 +17,14 @@ from specdec_kernels.decoding.drafter import (
     ChainProposal,
     DecodeState,
     Drafter,
+    ExtraRows,
     NoDrafter,
     StepOutcome,
     TreeProposal,
 )
+from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
+from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
@@ -28,15 +33,20 @@ from specdec_kernels.decoding.stats import RequestStats, RunStats
 __all__ = [
     "DRAFTER_NAMES",
     "AutoregressiveDrafter",
+    "BlockwiseDrafter",
     "ChainProposal",
     "DecodeState",
     "DraftModelDrafter",
     "Drafter",
     "Engine",
     "EngineOutput",
+    "ExtraRows",
     "Generation",
     "GenerationOutput",
+    "JacobiDrafter",
     "KVCache",
+    "LookaheadDrafter",
+    "MedusaDrafter",
     "ModelRunner",
     "NoDrafter",
     "PromptLookupDrafter",

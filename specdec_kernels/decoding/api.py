@@ -11,6 +11,7 @@ from specdec_kernels.decoding import step
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
 from specdec_kernels.decoding.drafter import Drafter
 from specdec_kernels.decoding.engine import Engine, StopCriteria
+from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
 from specdec_kernels.decoding.stats import RunStats
@@ -18,7 +19,10 @@ from specdec_kernels.decoding.stats import RunStats
 __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 
 #: Names accepted by ``generate(drafter=...)`` and the command line.
-DRAFTER_NAMES = ("none", "prompt-lookup", "self-speculative", "draft-model")
+DRAFTER_NAMES = (
+    "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
+    "medusa", "blockwise",
+)
 
 
 @dataclass
@@ -34,7 +38,8 @@ class GenerationOutput:
     finish_reasons : list of str
         ``"eos"``, ``"stop_string"`` or ``"length"`` per request.
     prompt_tokens : list of list of int
-        The token ids each request started from (after the chat template).
+        The token ids each request started from (after the chat template, and truncation
+        when ``truncate_prompt`` was asked for).
     stats : RunStats
         Speed and acceptance figures, per run and per request.
     """
@@ -54,8 +59,10 @@ def make_drafter(
     Parameters
     ----------
     name : str or None
-        ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``, ``"self-speculative"`` or
-        ``"draft-model"`` (needs ``draft_model``).
+        ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``, ``"self-speculative"``,
+        ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
+        or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
+        given).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
@@ -69,10 +76,18 @@ def make_drafter(
         return PromptLookupDrafter(**options)
     if name == "self-speculative":
         return SelfSpeculativeDrafter(**options)
+    if name == "lookahead":
+        return LookaheadDrafter(**options)
+    if name == "jacobi":
+        return JacobiDrafter(**options)
     if name == "draft-model":
         if draft_model is None:
             raise ValueError("the draft-model drafter needs draft_model=...")
         return DraftModelDrafter(draft_model, tokenizer=draft_tokenizer, **options)
+    if name in ("medusa", "blockwise"):
+        from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
+
+        return (MedusaDrafter if name == "medusa" else BlockwiseDrafter)(**options)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
 
 
@@ -94,9 +109,14 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
         if inputs.dim() != 2:
             raise ValueError(f"input_ids must be [B, P] or [P], got shape {tuple(inputs.shape)}")
         inputs = list(inputs.unbind(0))
-    if not isinstance(inputs, (list, tuple)) or len(inputs) == 0:
+    if not isinstance(inputs, (list, tuple)):
         raise ValueError(
-            "inputs must be a prompt, a list of prompts or of token id lists, or a tensor"
+            "inputs must be a prompt, a list of prompts or of token id lists, or a tensor, "
+            f"got {type(inputs).__name__}"
+        )
+    if len(inputs) == 0:
+        raise ValueError(
+            f"inputs is an empty {type(inputs).__name__}: give at least one prompt"
         )
     if all(isinstance(x, str) for x in inputs):
         if tokenizer is None:
@@ -120,6 +140,53 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
             raise ValueError("mix of text and token-id prompts; use one kind")
         lists.append([int(t) for t in x])
     return lists
+
+
+def fit_context(prompts: list, max_new_tokens: list, context: int, truncate: bool) -> list:
+    """Check that each prompt and its new tokens fit the model's context.
+
+    Parameters
+    ----------
+    prompts : list of list of int
+    max_new_tokens : list of int
+        Per request.
+    context : int
+        The model's ``max_position_embeddings``.
+    truncate : bool
+        Keep the last ``context - max_new_tokens`` tokens of a prompt that does not fit,
+        instead of raising.
+
+    Returns
+    -------
+    list of list of int
+        The prompts, truncated where asked.
+
+    Raises
+    ------
+    ValueError
+        A request that does not fit (with ``truncate``: whose ``max_new_tokens`` alone fills
+        the context).
+    """
+    fitted = []
+    for i, (prompt, new) in enumerate(zip(prompts, max_new_tokens)):
+        if len(prompt) + new <= context:
+            fitted.append(prompt)
+            continue
+        room = context - new
+        if room < 1:
+            raise ValueError(
+                f"max_new_tokens={new} (request {i}) leaves no room for a prompt in the "
+                f"model's context of {context} tokens (max_position_embeddings)"
+            )
+        if not truncate:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={new} that is "
+                f"{len(prompt) + new}, more than the model's context of {context} tokens "
+                f"(max_position_embeddings). Shorten the prompt, lower max_new_tokens, or "
+                f"pass truncate_prompt=True (--truncate-prompt) to keep its last {room} tokens"
+            )
+        fitted.append(prompt[len(prompt) - room :])
+    return fitted
 
 
 def eos_token_ids(model, tokenizer, eos_token_id=None) -> set:
@@ -154,7 +221,9 @@ def generate(
     chat_template: bool = True,
     draft_model=None,
     draft_tokenizer=None,
-    fast_cpu_linear: bool = False,
+    cpu_kernels: bool | None = None,
+    truncate_prompt: bool = False,
+    prefill_progress=None,
 ) -> GenerationOutput:
     """Generate from a causal LM with speculative decoding (or plainly, without a drafter).
 
@@ -172,7 +241,9 @@ def generate(
         ``chat_template``) or token ids (``[B, P]`` / ``[P]`` tensors or ragged lists).
     drafter : Drafter or str, optional
         A drafter object, or one of ``"prompt-lookup"``, ``"self-speculative"``,
-        ``"draft-model"`` (with ``draft_model``), ``"none"``. Plain decoding when ``None``.
+        ``"draft-model"`` (with ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``,
+        ``"blockwise"``, ``"none"``.
+        Plain decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (needed for text prompts, stop strings and returned text).
     max_new_tokens : int or sequence of int
@@ -191,10 +262,20 @@ def generate(
     draft_model, draft_tokenizer : optional
         The draft model (and its tokenizer, checked against the target's) for
         ``drafter="draft-model"``.
-    fast_cpu_linear : bool
-        On CPU, compute the models' small-batch float32 linears as ``W @ x^T`` (faster with
-        MKL here; rounding differs slightly from ``F.linear``), see
-        :mod:`~specdec_kernels.decoding.cpu_matmul`.
+    cpu_kernels : bool, optional
+        On CPU, run the forwards through the package's batch-invariant kernels (small-batch
+        linear and tree attention; default on): verifying ``K`` tokens costs about one, and
+        yields exactly the logits one-token decoding would. Their rounding differs from
+        torch's, so where two tokens nearly tie, greedy output can differ from HF ``generate``
+        (never from this package's own autoregressive decoding).
+    truncate_prompt : bool
+        A prompt that does not fit the model's context (``max_position_embeddings``)
+        together with its ``max_new_tokens`` keeps its last tokens (the start of the chat
+        template included in what is dropped); by default it is an error.
+    prefill_progress : callable, optional
+        ``prefill_progress(done, total)`` with prompt tokens prefilled so far, called when a
+        long prefill runs in chunks (see :meth:`~specdec_kernels.decoding.ModelRunner.prefill`);
+        e.g. :func:`specdec_kernels.cli.prefill_progress_bar`.
 
     Returns
     -------
@@ -203,9 +284,10 @@ def generate(
     Raises
     ------
     ValueError
-        Empty prompts, ``max_new_tokens < 1``, bad sampling parameters, prompts on another
-        device than the model, token ids outside the vocabulary, or a draft model whose
-        tokenizer differs from the target's.
+        Empty prompts, ``max_new_tokens < 1``, a prompt that with ``max_new_tokens`` exceeds
+        the model's context (unless ``truncate_prompt``), bad sampling parameters, prompts on
+        another device than the model, token ids outside the vocabulary, or a draft model
+        whose tokenizer differs from the target's.
     """
     if isinstance(model, str):
         from specdec_kernels.models import load_model
@@ -222,7 +304,7 @@ def generate(
     elif draft_model is not None:
         raise ValueError('draft_model was given: pass drafter="draft-model" to use it')
 
-    engine = Engine(model, drafter, tokenizer, fast_cpu_linear=fast_cpu_linear)
+    engine = Engine(model, drafter, tokenizer, cpu_kernels=cpu_kernels)
     device = engine.runner.device
     prompts = _as_token_lists(inputs, tokenizer, chat_template, device)
     batch = len(prompts)
@@ -236,6 +318,9 @@ def generate(
     limits = _per_request(max_new_tokens, batch, "max_new_tokens")
     if any(int(n) < 1 for n in limits):
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    context = getattr(engine.runner.config, "max_position_embeddings", None)
+    if context:
+        prompts = fit_context(prompts, [int(n) for n in limits], int(context), truncate_prompt)
     temps = _per_request(temperature, batch, "temperature")
     if any(t < 0 for t in temps):
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -274,7 +359,7 @@ def generate(
         [int(n) for n in limits], eos_token_ids(model, tokenizer, eos_token_id), stops, tokenizer
     )
 
-    result = engine.run(prompts, params, stop)
+    result = engine.run(prompts, params, stop, prefill_progress=prefill_progress)
     text = None
     if tokenizer is not None:
         text = [tokenizer.decode(t, skip_special_tokens=True) for t in result.tokens]

@@ -54,7 +54,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
 
     def bind(self, runner: ModelRunner, tokenizer) -> None:
         super().bind(runner, tokenizer)
-        self.runner.fast_cpu_linear = runner.fast_cpu_linear
+        self.runner.cpu_kernels = runner.cpu_kernels
         if self.runner.device != runner.device:
             raise ValueError(
                 f"the draft model is on {self.runner.device}, the target on {runner.device}; "
@@ -79,7 +79,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
         super().start(state)
         capacity = state.cache.capacity
         self.cache = self.runner.new_cache(state.batch, capacity)
-        self.runner.append(self.cache, [ctx[:-1] for ctx in state.contexts])
+        self.runner.prefill(self.cache, [ctx[:-1] for ctx in state.contexts])
 
     def _first_logits(self, state: DecodeState) -> Tensor:
         # Catch up with every emitted token the draft has not seen (the pending token, and
@@ -108,3 +108,6 @@ class DraftModelDrafter(AutoregressiveDrafter):
 
     def select_requests(self, keep: list) -> None:
         self.cache.select_requests(keep)
+
+    def finish(self) -> None:
+        self.runner.release()

@@ -1,5 +1,42 @@
 """What every drafter sees and returns: the shared decoding state, proposals (a chain or a
-tree), the step's outcome, and the :class:`Drafter` base class."""
+tree), the step's outcome, and the :class:`Drafter` base class.
+
+The step's doorways
+-------------------
+Every method is one drafter over one step: :meth:`Drafter.propose` -> one target forward ->
+verification -> KV commit -> :meth:`Drafter.accept`. What a drafter needs from the step comes
+through general doorways, never through a branch on the method:
+
+**Blocks that are not trees** (lookahead, Jacobi and alike). A proposal may carry
+:class:`ExtraRows`: rows run in the same forward as the verified chain or tree, each with its
+own token, its own position (an offset from the pending token's) and its own attention pattern
+(a bit-packed mask over the whole block: the ``T`` chain/tree nodes, then the ``R`` extra
+rows), never verified and never committed. The engine builds the block
+``[tree nodes | extra rows]``: the tree rows get their usual ancestor mask over the tree alone
+(so their logits, and verification, are exactly what the tree alone would give, whatever the
+extra rows hold), the extra rows get the drafter's mask and positions; both attention paths
+take it (Hugging Face 4-D masks with ``position_ids``, or the tree-attention kernel through the
+packed mask). The KV op then commits only the accepted path: the extra rows' K/V is dropped
+like a rejected draft's. :attr:`StepOutcome.logits` hands the drafter the logits of the
+whole block from that same forward (``[:, T:]`` are the extra rows'), with
+:attr:`StepOutcome.tree_width` ``= T``. :func:`specdec_kernels.ops.build_lookahead_masks`
+builds the rows of a lookahead window; any other pattern can be packed with
+:func:`specdec_kernels.tree.pack_tree_mask`.
+
+**Target features** (:attr:`Drafter.target_features`). A drafter that sets it to
+``"final_norm"`` is handed the target's final-norm hidden states (the input of the LM head) of
+every request's *accepted rows*, taken from the verification forward itself: no second
+forward, no extra device read, no change to the model (a forward hook on the decoder's final
+norm, installed for the duration of the engine's own forwards). After the prefill the rows are
+the prompt's last prefilled row (whose logits predict the pending token); after each step they
+are the accepted path, pending token first. They sit in :attr:`DecodeState.features`
+(``[B, R, H]``) with :attr:`DecodeState.feature_counts` (``[B]``, valid rows per request);
+:meth:`DecodeState.last_features` gives the row whose logits produced each request's pending
+token, which is what Medusa-style heads read. Drafters that do not ask pay nothing.
+
+**Acceptance rule** (:attr:`TreeProposal.typical`). A tree proposal may ask for typical
+acceptance (lossy, Medusa) instead of the lossless rule.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +50,7 @@ if TYPE_CHECKING:
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.decoding.step import SamplingParams
 
-__all__ = ["ChainProposal", "DecodeState", "Drafter", "StepOutcome", "TreeProposal"]
+__all__ = ["ChainProposal", "DecodeState", "Drafter", "ExtraRows", "StepOutcome", "TreeProposal"]
 
 
 @dataclass
@@ -41,6 +78,13 @@ class DecodeState:
         Every request decodes greedily.
     remaining : list of int
         New tokens each request may still emit.
+    features : Tensor, optional
+        ``[B, R, H]`` target features of the rows accepted by the last forward (the prefill's
+        last row, or a step's accepted path, pending token first); only for drafters that
+        set :attr:`Drafter.target_features`. Rows ``>= feature_counts[b]`` are meaningless.
+        A request whose prompt had a single token (nothing prefilled) starts with zeros.
+    feature_counts : Tensor, optional
+        ``[B]`` int64 valid rows of ``features`` per request (on the device).
     """
 
     runner: "ModelRunner"
@@ -52,14 +96,55 @@ class DecodeState:
     offsets: Tensor
     greedy: bool
     remaining: list
+    features: Tensor | None = None
+    feature_counts: Tensor | None = None
 
     @property
     def batch(self) -> int:
         return len(self.contexts)
 
+    def last_features(self) -> Tensor:
+        """``[B, H]`` features of each request's last accepted row: the row whose logits
+        gave its pending token (no device read)."""
+        if self.features is None:
+            raise ValueError("no target features: the drafter must set target_features")
+        index = (self.feature_counts - 1).clamp(min=0)
+        hidden = self.features.shape[-1]
+        return self.features.gather(1, index.view(-1, 1, 1).expand(-1, 1, hidden)).squeeze(1)
+
     @property
     def starts(self) -> list:
         return self.cache.host_lens
+
+
+@dataclass
+class ExtraRows:
+    """Rows run in the verification forward but never verified or committed (see the module
+    notes). ``T`` is the width of the proposal they ride on (``K + 1`` for a chain, the tree's
+    node count), ``R`` the number of extra rows.
+
+    Attributes
+    ----------
+    tokens : Tensor
+        ``[B, R]`` int64 token of each row.
+    positions : Tensor
+        ``[B, R]`` int64 position of each row after the pending token's (the root's, 0);
+        ``-1`` marks a padding row (ragged batches), which is run at the root's position and
+        must attend only to itself.
+    mask : Tensor
+        ``[B, R, ceil((T + R) / 32)]`` int32 bit-packed attention of each row over the block
+        (bit ``k % 32`` of word ``k // 32``: column ``k < T`` is chain/tree node ``k``, column
+        ``T + j`` is extra row ``j``); the committed prefix is always visible. Rows may attend
+        to tree nodes and to each other; tree nodes never attend to extra rows.
+    """
+
+    tokens: Tensor
+    positions: Tensor
+    mask: Tensor
+
+    @property
+    def num_rows(self) -> int:
+        return self.tokens.shape[1]
 
 
 @dataclass
@@ -77,12 +162,15 @@ class ChainProposal:
     probs : Tensor, optional
         ``[B, K, V]`` float32 distributions the drafts were sampled from (``None``: the
         drafter is deterministic, one-hot q).
+    extra : ExtraRows, optional
+        Rows run in the same forward after the chain's ``K + 1``, never verified.
     """
 
     tokens: Tensor
     num_draft: Tensor
     depths: list
     probs: Tensor | None = None
+    extra: ExtraRows | None = None
 
     @property
     def width(self) -> int:
@@ -103,12 +191,20 @@ class TreeProposal:
         Depth of each request's tree on the host (for statistics).
     probs : Tensor, optional
         ``[B, T, V]`` distribution each node was drafted from (``None``: deterministic).
+    extra : ExtraRows, optional
+        Rows run in the same forward after the tree's ``T`` nodes, never verified.
+    typical : tuple of float, optional
+        ``(posterior_threshold, posterior_alpha)``: verify with typical acceptance
+        (:func:`specdec_kernels.ops.typical_verify_tree`; LOSSY when sampling, the target's
+        greedy output when greedy) instead of the lossless rule; ``probs`` is then unused.
     """
 
     tokens: Tensor
     parents: Tensor
     depths: list
     probs: Tensor | None = None
+    extra: ExtraRows | None = None
+    typical: tuple | None = None
 
     @property
     def width(self) -> int:
@@ -125,10 +221,23 @@ class StepOutcome:
         Committed lengths before the step.
     num_accepted : list of int
         Accepted drafts per request (the request also emitted one more token).
+    logits : Tensor, optional
+        ``[B, T + R, V]`` the target's logits over the whole block of the step, from its one
+        forward: the chain's ``K + 1`` or the tree's ``T`` nodes, then the proposal's
+        :class:`ExtraRows` (if any). Row ``j`` predicts the token after block row ``j``.
+    tree_width : int
+        ``T``: block rows that were verified (extra rows start there).
     """
 
     previous_starts: list
     num_accepted: list
+    logits: Tensor | None = None
+    tree_width: int = 0
+
+    @property
+    def extra_logits(self) -> Tensor | None:
+        """``[B, R, V]`` logits of the proposal's extra rows (``None`` without a forward)."""
+        return None if self.logits is None else self.logits[:, self.tree_width :]
 
 
 class Drafter:
@@ -141,6 +250,11 @@ class Drafter:
 
     #: Short name used in statistics and on the command line.
     name = "drafter"
+
+    #: Target features the drafter reads (see the module's doorways): ``None`` (default,
+    #: nothing is captured) or ``"final_norm"`` (the final norm's output of accepted rows, in
+    #: :attr:`DecodeState.features`).
+    target_features: str | None = None
 
     def bind(self, runner: "ModelRunner", tokenizer) -> None:
         """Check the drafter can serve this target (raise ``ValueError`` otherwise)."""
@@ -161,6 +275,9 @@ class Drafter:
 
     def select_requests(self, keep: list) -> None:
         """Drop every request whose row is not in ``keep``."""
+
+    def finish(self) -> None:
+        """Called once when the run ends (e.g. to release a draft model's runner)."""
 
     def describe(self) -> dict:
         """Settings worth reporting next to the statistics."""

@@ -5,8 +5,17 @@ one forward -> the verification op decides -> the KV op commits the accepted pat
 are emitted. Methods differ only in the drafter. The step reads the device once, to learn
 what was accepted.
 
+Callers can watch a run through one callback, ``on_emit(request, tokens, finished)`` (see
+:meth:`Engine.start`): it receives each request's new tokens after every step, already cut at
+its stop condition, so the concatenation of what it receives is exactly the request's output
+(streaming).
+
 Before the first step the target has seen each prompt but its last token, which becomes the
 request's *pending* token (emitted, K/V not yet cached): the first step verifies drafts too.
+
+A drafter that asks for target features (``Drafter.target_features``) gets the final-norm
+hidden states of the accepted rows out of the same forward, gathered on the device (see
+:mod:`~specdec_kernels.decoding.drafter`).
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -26,8 +36,9 @@ from specdec_kernels.decoding.drafter import (
     StepOutcome,
     TreeProposal,
 )
-from specdec_kernels.decoding.runner import ModelRunner
+from specdec_kernels.decoding.runner import FEATURE_KINDS, ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
+from specdec_kernels.ops import build_tree_masks
 
 __all__ = ["Engine", "EngineOutput", "Generation", "StopCriteria"]
 
@@ -50,6 +61,7 @@ class Generation:
     outputs: list
     reasons: list
     t_start: float
+    on_emit: "Callable[[int, list, bool], None] | None" = None
 
     @property
     def done(self) -> bool:
@@ -66,7 +78,8 @@ class EngineOutput:
 
 
 class StopCriteria:
-    """Per-request stop conditions: EOS ids, stop strings (needs a tokenizer), max new tokens.
+    """Per-request stop conditions: EOS ids, stop strings (needs a tokenizer), max new tokens,
+    and a minimum number of new tokens before EOS may be emitted.
 
     Parameters
     ----------
@@ -76,10 +89,14 @@ class StopCriteria:
         Per request; output ends with the token that completes the first stop string.
     tokenizer : optional
         Decodes the tail of the output to look for stop strings.
+    min_new_tokens : list of int, optional
+        Per request: the EOS ids get zero probability in the target's distribution until this
+        many tokens were emitted (Hugging Face's ``min_new_tokens``); 0 for all by default.
     """
 
-    def __init__(self, max_new_tokens, eos_ids, stop_strings, tokenizer):
+    def __init__(self, max_new_tokens, eos_ids, stop_strings, tokenizer, min_new_tokens=None):
         self.max_new_tokens = list(max_new_tokens)
+        self.min_new_tokens = list(min_new_tokens or [0] * len(self.max_new_tokens))
         self.eos_ids = set(eos_ids)
         self.stop_strings = [list(s) for s in stop_strings]
         self.tokenizer = tokenizer
@@ -119,19 +136,37 @@ class Engine:
         Proposes drafts; plain autoregressive decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (for stop strings and drafter compatibility checks).
-    fast_cpu_linear : bool
-        See :class:`~specdec_kernels.decoding.runner.ModelRunner` (drafter models follow).
+    cpu_kernels : bool, optional
+        The package's batch-invariant CPU kernels for the forwards (default: on for CPU models);
+        see :class:`~specdec_kernels.decoding.runner.ModelRunner` (drafter models follow).
     """
 
     def __init__(
-        self, model, drafter: Drafter | None = None, tokenizer=None, *, fast_cpu_linear=False
+        self, model, drafter: Drafter | None = None, tokenizer=None, *,
+        cpu_kernels: bool | None = None,
     ):
-        self.runner = ModelRunner(model, fast_cpu_linear=fast_cpu_linear)
+        self.runner = ModelRunner(model, cpu_kernels=cpu_kernels)
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
+        self.features = self.drafter.target_features
+        if self.features is not None:
+            if self.features not in FEATURE_KINDS:
+                raise ValueError(
+                    f"drafter {self.drafter.name!r} asks for target features "
+                    f"{self.features!r}; the engine provides {FEATURE_KINDS}"
+                )
+            self.runner.decoder_parts()  # the final norm must be reachable
         self.drafter.bind(self.runner, tokenizer)
 
-    def run(self, prompts: list, params: step.SamplingParams, stop: StopCriteria) -> EngineOutput:
+    def run(
+        self,
+        prompts: list,
+        params: step.SamplingParams,
+        stop: StopCriteria,
+        on_emit: "Callable[[int, list, bool], None] | None" = None,
+        *,
+        prefill_progress=None,
+    ) -> EngineOutput:
         """Decode every prompt until it stops (:meth:`start`, :meth:`step` until done,
         :meth:`finish`).
 
@@ -142,19 +177,38 @@ class Engine:
         params : SamplingParams
             Per-request sampling parameters on the model's device.
         stop : StopCriteria
+        on_emit : callable, optional
+            ``on_emit(request, tokens, finished)`` after every step (see :meth:`start`).
+        prefill_progress : callable, optional
+            See :meth:`start`.
 
         Returns
         -------
         EngineOutput
         """
-        generation = self.start(prompts, params, stop)
+        generation = self.start(prompts, params, stop, on_emit, prefill_progress=prefill_progress)
         while not generation.done:
             self.step(generation)
         return self.finish(generation)
 
     @torch.inference_mode()
-    def start(self, prompts: list, params: step.SamplingParams, stop: StopCriteria) -> "Generation":
-        """Prefill the target (and the drafter) and return the run's state."""
+    def start(
+        self,
+        prompts: list,
+        params: step.SamplingParams,
+        stop: StopCriteria,
+        on_emit: "Callable[[int, list, bool], None] | None" = None,
+        *,
+        prefill_progress=None,
+    ) -> "Generation":
+        """Prefill the target (and the drafter) and return the run's state.
+
+        ``on_emit(request, tokens, finished)``, when given, is called after every step for each
+        request that emitted tokens: ``tokens`` are its new tokens (cut at its stop condition)
+        and ``finished`` tells whether the request ended with them. ``prefill_progress(done,
+        total)`` is called with the prompt tokens prefilled so far when the target's prefill
+        runs in chunks (:meth:`ModelRunner.prefill`).
+        """
         t_start = time.perf_counter()
         batch = len(prompts)
         device = self.runner.device
@@ -162,11 +216,16 @@ class Engine:
             method=self.drafter.name, drafter=self.drafter.describe(), batch_size=batch
         )
         capacity = max(len(p) for p in prompts) + max(stop.max_new_tokens)
-        capacity += self.drafter.max_block_width() + 4  # blocks may be padded to 4 rows
+        capacity += self.drafter.max_block_width()
         cache = self.runner.new_cache(batch, capacity)
 
         # Prefill: everything but the last prompt token, which becomes the pending token.
-        self.runner.append(cache, [p[:-1] for p in prompts])
+        prefill = [p[:-1] for p in prompts]
+        want = self.features is not None
+        last = self.runner.prefill(
+            cache, prefill, progress=prefill_progress, want_features=want
+        )
+        features = last[:, None] if want else None
         state = DecodeState(
             runner=self.runner,
             cache=cache,
@@ -178,6 +237,9 @@ class Engine:
             greedy=step.all_greedy(params),
             remaining=list(stop.max_new_tokens),
         )
+        if features is not None:
+            state.features = features
+            state.feature_counts = torch.ones(batch, dtype=torch.int64, device=device)
         self.drafter.start(state)
         stats.prefill_seconds = time.perf_counter() - t_start
         return Generation(
@@ -189,6 +251,7 @@ class Engine:
             outputs=[[] for _ in range(batch)],
             reasons=[""] * batch,
             t_start=t_start,
+            on_emit=on_emit,
         )
 
     @torch.inference_mode()
@@ -198,13 +261,17 @@ class Engine:
         t0 = time.perf_counter()
         proposal = self.drafter.propose(state)
         t1 = time.perf_counter()
-        num_accepted, emitted = self._verify_and_commit(state, proposal)
+        eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
+        num_accepted, emitted, logits, proposal_width = self._verify_and_commit(
+            state, proposal, eos_blocked if max(eos_blocked) > 0 else None, stop.eos_ids
+        )
         stats.target_forwards += 1
         previous_starts = list(state.cache.host_lens)
         state.cache.advance_host([n + 1 for n in num_accepted])
         finished = []
         for b, req in enumerate(gen.rows):
             new = emitted[b]
+            before = len(gen.outputs[req])
             state.contexts[b].extend(new)
             gen.outputs[req].extend(new)
             gen.requests[req].record_step(proposal.depths[b], num_accepted[b])
@@ -214,9 +281,13 @@ class Engine:
                 gen.reasons[req] = reason
                 gen.requests[req].seconds = time.perf_counter() - gen.t_start
                 finished.append(b)
+            if gen.on_emit is not None:
+                gen.on_emit(req, gen.outputs[req][before:], reason is not None)
             state.remaining[b] = stop.max_new_tokens[req] - len(gen.outputs[req])
         t2 = time.perf_counter()
-        self.drafter.accept(state, StepOutcome(previous_starts, num_accepted))
+        self.drafter.accept(
+            state, StepOutcome(previous_starts, num_accepted, logits, proposal_width)
+        )
         stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
         if finished:
             keep_rows = [b for b in range(len(gen.rows)) if b not in finished]
@@ -231,47 +302,84 @@ class Engine:
             gen.requests[req].finish_reason = gen.reasons[req]
         gen.stats.requests = gen.requests
         gen.stats.seconds = time.perf_counter() - gen.t_start
+        self.drafter.finish()
+        self.runner.release()
         return EngineOutput(gen.outputs, gen.reasons, gen.stats)
 
-    def _verify_and_commit(self, state: DecodeState, proposal):
-        """Target forward over the block, verification, KV commit; one device read."""
+    def _verify_and_commit(self, state: DecodeState, proposal, eos_blocked=None, eos_ids=()):
+        """Target forward over the block, verification, KV commit; one device read.
+
+        ``eos_blocked[b]``: the block rows of request ``b`` at depth below it get the EOS ids
+        masked out of the target logits (``min_new_tokens``); ``None`` when no row needs it.
+        Returns the accepted counts and emitted tokens per request, the block's logits and
+        the width of its verified part (extra rows follow it)."""
         runner, cache = self.runner, state.cache
+        want = self.features is not None
         if isinstance(proposal, ChainProposal):
-            block = torch.cat([state.pending[:, None], proposal.tokens], 1)
-            logits = runner.forward(cache, block, cache.host_lens)
-            # K = 0 (plain decoding) goes through the same op: one random stream per method.
-            tokens, num_accepted = step.verify_chain(
-                proposal.tokens,
-                proposal.num_draft,
-                logits,
-                proposal.probs,
-                state.params,
-                state.offsets,
-            )
-            rows = torch.arange(block.shape[1], device=block.device).expand_as(block)
-            used = proposal.num_draft + 1
+            block, parents = torch.cat([state.pending[:, None], proposal.tokens], 1), None
         elif isinstance(proposal, TreeProposal):
-            block = proposal.tokens
-            logits = runner.forward(cache, block, cache.host_lens, proposal.parents)
-            nodes, tokens, num_accepted = step.verify_tree(
-                block, proposal.parents, logits, proposal.probs, state.params, state.offsets
-            )
-            rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
-            used = (proposal.parents != -2).sum(1)
+            block, parents = proposal.tokens, proposal.parents
         else:
             raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
+        width, extra = block.shape[1], proposal.extra
+        if extra is not None:  # rows run with the block, never verified (drafter.ExtraRows)
+            block = torch.cat([block, extra.tokens], 1)
+        out = runner.forward(cache, block, cache.host_lens, parents, extra=extra, features=want)
+        logits, hidden = out if want else (out, None)
+        verified = logits if extra is None else logits[:, :width].contiguous()
+        if eos_blocked is not None and eos_ids:
+            if parents is None:
+                depth = torch.arange(width, device=block.device).expand(block.shape[0], width)
+            else:
+                depth = build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
+            verified = _mask_eos(verified, depth, eos_blocked, eos_ids)
+        typical = getattr(proposal, "typical", None)  # TreeProposal.typical: lossy, Medusa's
+        # Error checks wait for the step's one sync (below) instead of adding one.
+        with step.deferred_errors():
+            if typical is not None:
+                nodes, tokens, num_accepted = step.typical_verify_tree(
+                    proposal.tokens, parents, verified, state.params, state.offsets, *typical
+                )
+            elif parents is None:
+                # K = 0 (plain decoding) goes through the same op: one random stream per method.
+                tokens, num_accepted = step.verify_chain(
+                    proposal.tokens,
+                    proposal.num_draft,
+                    verified,
+                    proposal.probs,
+                    state.params,
+                    state.offsets,
+                )
+            else:
+                nodes, tokens, num_accepted = step.verify_tree(
+                    proposal.tokens, parents, verified, proposal.probs, state.params,
+                    state.offsets,
+                )
+        if parents is None:
+            rows = torch.arange(width, device=block.device).expand(block.shape[0], width)
+            used = proposal.num_draft + 1
+        else:
+            rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
+            used = (parents != -2).sum(1)
+        if extra is not None:
+            used = used + (extra.positions >= 0).sum(1)
 
         counts = num_accepted + 1
         keep = torch.arange(rows.shape[1], device=rows.device)[None, :] < counts[:, None]
         positions = torch.where(keep, cache.lens[:, None] + rows, torch.full_like(rows, -1))
         cache.compact(positions, counts)
+        if hidden is not None:  # the accepted rows' features, in path order (device only)
+            index = rows.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
+            state.features = hidden.gather(1, index)
+            state.feature_counts = counts
         state.pending = tokens.gather(1, num_accepted[:, None]).squeeze(1)
         # Each request's random streams move past every position its verification could use.
         state.offsets = state.offsets + used
         host = torch.cat([num_accepted[:, None], tokens], 1).tolist()  # the step's one sync
+        step.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
-        return accepted, emitted
+        return accepted, emitted, logits, width
 
     def _select(self, state: DecodeState, keep_rows: list) -> None:
         index = torch.tensor(keep_rows, dtype=torch.int64, device=state.pending.device)
@@ -282,7 +390,21 @@ class Engine:
         state.offsets = state.offsets.index_select(0, index)
         state.params = step.select_params(state.params, index)
         state.draft_params = step.select_params(state.draft_params, index)
+        if state.features is not None:
+            state.features = state.features.index_select(0, index)
+            state.feature_counts = state.feature_counts.index_select(0, index)
         self.drafter.select_requests(keep_rows)
+
+
+def _mask_eos(logits, depth, eos_blocked: list, eos_ids) -> torch.Tensor:
+    """``logits`` with the EOS ids at -inf in the rows whose depth (tokens after the pending
+    one) is below ``eos_blocked[b]``: those rows predict output tokens before the minimum."""
+    limit = torch.tensor(eos_blocked, dtype=torch.int64).to(logits.device, non_blocking=True)
+    blocked = (depth >= 0) & (depth < limit.unsqueeze(1))
+    ids = sorted(i for i in eos_ids if 0 <= i < logits.shape[2])
+    eos = torch.tensor(ids, dtype=torch.int64, device=logits.device)
+    masked = logits.index_select(2, eos).masked_fill(blocked.unsqueeze(2), float("-inf"))
+    return logits.index_copy(2, eos, masked)
 
 
 def _draft_params(params: step.SamplingParams) -> step.SamplingParams:

@@ -18,8 +18,20 @@ from torch import Tensor
 from specdec_kernels.decoding import step
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.models.hf_tree_attention import register_tree_attention
 
-__all__ = ["ModelRunner"]
+__all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "ModelRunner"]
+
+#: Target features a drafter may ask for (``Drafter.target_features``).
+FEATURE_KINDS = ("final_norm",)
+
+#: Prompts longer than this are prefilled in chunks of this many tokens: the block's masks
+#: and attention grow with (chunk x prefix) instead of (prompt x prompt), and progress can be
+#: reported. Longer than any prompt of the benchmark set (1.6k tokens), so those prefill in
+#: one forward as before. Measured on the 2-core CPU, default model, fp32: 8190 tokens in
+#: 31.9 s in chunks of 2048 vs 47.7 s in one forward; 4096 tokens in 12.1 s (11.1 s in
+#: chunks of 1024) vs 15.2 s.
+PREFILL_CHUNK_TOKENS = 2048
 
 
 class _EarlyExit(Exception):
@@ -43,15 +55,22 @@ class ModelRunner:
     model : transformers.PreTrainedModel
         Any ``AutoModelForCausalLM`` with attention layers that call ``Cache.update`` (Llama,
         Qwen2, Mistral, Gemma3, ... families). Not modified.
-    fast_cpu_linear : bool
-        Run the model's small-batch float32 linears on CPU as ``W @ x^T`` (see
-        :mod:`~specdec_kernels.decoding.cpu_matmul`); otherwise, on CPU, blocks of 2 or 3
-        tokens are padded to 4, which MKL runs faster (measured here).
+    cpu_kernels : bool, optional
+        On a CPU model, run the forwards through the package's batch-invariant kernels: linears
+        of up to 32 rows through :func:`~specdec_kernels.ops.small_batch_linear` (see
+        :mod:`~specdec_kernels.decoding.cpu_matmul`) and attention through the tree-attention
+        kernel, so that verifying ``T`` tokens costs little more than one and yields exactly
+        the logits of one-token decoding. Default: on for CPU models. From the first forward
+        until :meth:`release`, the model's attention implementation is
+        :data:`~specdec_kernels.decoding.step.ATTENTION_NAME` (which behaves as sdpa in forwards
+        without tree metadata); a model that cannot switch keeps the 4-D mask path.
     """
 
-    def __init__(self, model, *, fast_cpu_linear: bool = False):
+    def __init__(self, model, *, cpu_kernels: bool | None = None):
         self.model = model
-        self.fast_cpu_linear = fast_cpu_linear
+        first = next(model.parameters())
+        self.cpu_kernels = first.device.type == "cpu" if cpu_kernels is None else bool(cpu_kernels)
+        self._previous_attention = None
         config = _text_config(model.config)
         self.config = config
         self.num_layers = int(config.num_hidden_layers)
@@ -60,8 +79,25 @@ class ModelRunner:
         self._has_logits_to_keep = "logits_to_keep" in params
         # Models set to the registered tree-attention kernel get tree metadata, not masks.
         self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == step.ATTENTION_NAME
-        first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
+
+    def _use_cpu_kernels(self) -> bool:
+        """Whether this forward runs the CPU kernels (switching the attention on first use)."""
+        if not self.cpu_kernels or self.device.type != "cpu":
+            return False
+        if not self.uses_tree_kernel and self._previous_attention is None:
+            self._previous_attention = self.config._attn_implementation
+            register_tree_attention()
+            self.model.set_attn_implementation(step.ATTENTION_NAME)
+            self.uses_tree_kernel = self.config._attn_implementation == step.ATTENTION_NAME
+        return True
+
+    def release(self) -> None:
+        """Give the model back its own attention implementation (if this runner switched it)."""
+        if self._previous_attention is not None:
+            self.model.set_attn_implementation(self._previous_attention)
+            self._previous_attention = None
+            self.uses_tree_kernel = False
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         """An empty cache for ``batch`` requests of up to ``capacity`` rows each."""
@@ -76,9 +112,11 @@ class ModelRunner:
         starts: list[int],
         parents: Tensor | None = None,
         *,
+        extra=None,
         last_logits_only: bool = False,
         exit_layer: int | None = None,
-    ) -> Tensor:
+        features: bool = False,
+    ):
         """Run a block of ``T`` tokens per request placed after each request's prefix.
 
         Parameters
@@ -91,58 +129,77 @@ class ModelRunner:
             ``B`` prefix lengths (rows ``< starts[b]`` are the visible prefix).
         parents : Tensor, optional
             ``[B, T]`` tree parents (node 0 the root, ``-2`` padding); a chain when omitted.
+        extra : ExtraRows, optional
+            The last ``R`` columns of ``tokens`` are rows outside the tree/chain (which is then
+            ``T - R`` wide), with their own positions and masks
+            (:class:`~specdec_kernels.decoding.drafter.ExtraRows`).
         last_logits_only : bool
             Compute logits for the last block position only (prefill).
         exit_layer : int, optional
             Stop before decoder layer ``exit_layer`` and apply the final norm and the LM
             head to its input: the model's first ``exit_layer`` layers as a draft model
             (layer skip). Only layers ``< exit_layer`` write the cache.
+        features : bool
+            Also return the final norm's output over the block (the LM head's input), read
+            by a forward hook on the norm during this forward only (not with ``exit_layer``).
 
         Returns
         -------
-        Tensor
-            ``[B, T, V]`` logits (``[B, 1, V]`` with ``last_logits_only``).
+        Tensor or (Tensor, Tensor)
+            ``[B, T, V]`` logits (``[B, 1, V]`` with ``last_logits_only``); with ``features``
+            also ``[B, T, H]`` final-norm hidden states of every block row.
         """
         batch, width = tokens.shape
-        padded = self._padded_width(width)
+        cpu_kernels = self._use_cpu_kernels()
+        rows = 0 if extra is None else extra.num_rows  # extra rows follow the chain/tree
         if parents is None:
-            parents = step.chain_parents(batch, padded, self.device)
-        elif padded > width:
-            parents = torch.nn.functional.pad(parents, (0, padded - width), value=-2)
-        if padded > width:
-            tokens = torch.nn.functional.pad(tokens, (0, padded - width))
+            parents = step.chain_parents(batch, width - rows, self.device)
         prefix_lens = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
-        cache.plan_write(starts, padded)
+        cache.plan_write(starts, width)
         kwargs = step.block_forward_kwargs(
-            self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel
+            self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel, extra
         )
         kwargs.update(input_ids=tokens, past_key_values=cache, use_cache=True)
-        with self._linear_mode():
+        if features and exit_layer is not None:
+            raise ValueError("features are the full model's: not available with exit_layer")
+        captured = {}
+        hook = self._capture_norm(captured) if features else contextlib.nullcontext()
+        linear = SmallBatchLinear() if cpu_kernels else contextlib.nullcontext()
+        with linear, hook:
             if exit_layer is not None:
                 hidden = self._hidden_before(kwargs, exit_layer)
                 hidden = hidden[:, width - 1 : width] if last_logits_only else hidden[:, :width]
                 layers, norm, head = self.decoder_parts()
                 return head(norm(hidden))
-            if last_logits_only and self._has_logits_to_keep and padded == width:
+            if last_logits_only and self._has_logits_to_keep:
                 kwargs["logits_to_keep"] = 1
             logits = self.model(**kwargs).logits
         if last_logits_only:
-            return logits[:, width - 1 : width].contiguous()
-        return logits[:, :width].contiguous()  # a no-op unless the block was padded
+            logits = logits[:, -1:].contiguous()
+        if features:
+            return logits, captured["hidden"]
+        return logits
 
-    def _padded_width(self, width: int) -> int:
-        # Measured on the 2-core CPU: MKL runs 2- and 3-row float32 GEMMs slower than 4-row
-        # ones, so such blocks get padding nodes (never committed, never verified).
-        if width in (2, 3) and self.device.type == "cpu" and not self.fast_cpu_linear:
-            return 4
-        return width
+    @contextlib.contextmanager
+    def _capture_norm(self, captured: dict):
+        """Record the final norm's output of the forward run inside the block."""
+        _, norm, _ = self.decoder_parts()
 
-    def _linear_mode(self):
-        if self.fast_cpu_linear and self.device.type == "cpu":
-            return SmallBatchLinear()
-        return contextlib.nullcontext()
+        def record(module, args, output):
+            captured["hidden"] = output
 
-    def append(self, cache: KVCache, token_lists: list, *, want_logits: bool = False):
+        handle = norm.register_forward_hook(record)
+        try:
+            yield
+        finally:
+            handle.remove()
+        if "hidden" not in captured:
+            raise RuntimeError("the final norm did not run in the target's forward")
+
+    def append(
+        self, cache: KVCache, token_lists: list, *, want_logits: bool = False,
+        want_features: bool = False,
+    ):
         """Run ragged lists of known tokens after each request's prefix and commit them.
 
         Used for prefill and for a draft model catching up with emitted tokens. Lists are
@@ -155,16 +212,26 @@ class ModelRunner:
             ``B`` lists (some may be empty).
         want_logits : bool
             Return the logits after each request's last token.
+        want_features : bool
+            Also return the final-norm hidden state of each list's last token (zeros for
+            empty lists), see :meth:`forward`.
 
         Returns
         -------
         Tensor or None
             ``[B, V]`` logits after each list's last token (rows of empty lists are
             meaningless) when ``want_logits``.
+        Tensor
+            With ``want_features``: ``(logits_or_None, [B, H] features)``.
         """
         counts = [len(t) for t in token_lists]
         width = max(counts, default=0)
         if width == 0:
+            if want_features:
+                hidden = int(self.config.hidden_size)
+                return None, torch.zeros(
+                    len(token_lists), hidden, dtype=self.dtype, device=self.device
+                )
             return None
         block = torch.zeros(len(token_lists), width, dtype=torch.int64)
         for b, toks in enumerate(token_lists):
@@ -172,16 +239,71 @@ class ModelRunner:
         block = block.to(self.device, non_blocking=True)
         starts = list(cache.host_lens)
         uniform = min(counts) == width
-        logits = self.forward(
-            cache, block, starts, last_logits_only=not want_logits or uniform
+        out = self.forward(
+            cache, block, starts, last_logits_only=not want_logits or uniform,
+            features=want_features,
         )
+        logits, hidden = out if want_features else (out, None)
         cache.extend(counts)
-        if not want_logits:
-            return None
-        if uniform:
-            return logits[:, -1]
         last = torch.tensor([max(c - 1, 0) for c in counts]).to(self.device, non_blocking=True)
-        return logits[torch.arange(len(counts), device=self.device), last]
+        rows = torch.arange(len(counts), device=self.device)
+        if hidden is not None:
+            hidden = hidden[rows, last]
+            if min(counts) == 0:  # nothing was run for empty lists
+                ran = torch.tensor([c > 0 for c in counts]).to(self.device, non_blocking=True)
+                hidden = hidden * ran[:, None].to(hidden.dtype)
+        if want_logits:
+            logits = logits[:, -1] if uniform else logits[rows, last]
+        else:
+            logits = None
+        return (logits, hidden) if want_features else logits
+
+    def prefill(
+        self, cache: KVCache, token_lists: list, *, chunk_size: int | None = None, progress=None,
+        want_features: bool = False,
+    ):
+        """:meth:`append` ragged lists of prompt tokens in chunks of at most ``chunk_size``
+        tokens per request (one forward when every list fits in one chunk).
+
+        Parameters
+        ----------
+        cache : KVCache
+        token_lists : list of list of int
+            ``B`` lists (some may be empty).
+        chunk_size : int, optional
+            Tokens per request and forward; :data:`PREFILL_CHUNK_TOKENS` by default.
+        progress : callable, optional
+            ``progress(done, total)`` in tokens of all requests: called before the first
+            chunk and after each one, when there are several.
+        want_features : bool
+            Return the final-norm hidden state of each list's last token (zeros for empty
+            lists), see :meth:`append`.
+
+        Returns
+        -------
+        Tensor or None
+            ``[B, H]`` features with ``want_features``, else ``None``.
+        """
+        chunk = PREFILL_CHUNK_TOKENS if chunk_size is None else chunk_size
+        if chunk < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk}")
+        longest = max((len(t) for t in token_lists), default=0)
+        if longest <= chunk:
+            out = self.append(cache, token_lists, want_features=want_features)
+            return out[1] if want_features else None
+        total, done, features = sum(len(t) for t in token_lists), 0, None
+        if progress is not None:
+            progress(0, total)
+        for begin in range(0, longest, chunk):
+            part = [t[begin : begin + chunk] for t in token_lists]
+            out = self.append(cache, part, want_features=want_features)
+            if want_features:  # a list's last token sits in the last chunk it reaches
+                ran = torch.tensor([len(t) > 0 for t in part], device=self.device)
+                features = out[1] if features is None else torch.where(ran[:, None], out[1], features)
+            done += sum(len(t) for t in part)
+            if progress is not None:
+                progress(done, total)
+        return features
 
     def decoder_parts(self):
         """``(layers, final_norm, lm_head)`` of the model, found through public accessors.

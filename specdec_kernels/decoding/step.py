@@ -7,7 +7,9 @@ model: a chain is the tree whose node ``j`` has parent ``j - 1``. Its positions 
 from :func:`specdec_kernels.ops.build_tree_masks` through the HF helpers of
 :mod:`~specdec_kernels.models.hf_tree_attention`; the only thing added here is the placement
 of the block in the engine's cache, where request ``b``'s block starts at its own row
-``starts[b]`` rather than after a common padded prefix.
+``starts[b]`` rather than after a common padded prefix. A block may also end with extra rows
+that are not part of the tree (:class:`~specdec_kernels.decoding.drafter.ExtraRows`: own
+positions, own packed masks), combined with the tree by :func:`block_masks`.
 """
 
 from __future__ import annotations
@@ -18,23 +20,35 @@ from torch import Tensor
 from specdec_kernels import ops
 from specdec_kernels.models.hf_tree_attention import (
     ATTENTION_NAME,
+    METADATA_KWARG,
+    TreeAttentionMetadata,
+    block_mask_forward_kwargs,
     tree_kernel_forward_kwargs,
     tree_mask_forward_kwargs,
 )
 from specdec_kernels.sampling import SamplingParams
-from specdec_kernels.tree import prefix_valid_from_lens, stack_trees, tree_from_sequences
+from specdec_kernels.tree import (
+    prefix_valid_from_lens,
+    stack_trees,
+    tree_from_sequences,
+    unpack_tree_mask,
+)
 
 __all__ = [
     "ATTENTION_NAME",
     "SamplingParams",
     "all_greedy",
     "block_forward_kwargs",
+    "block_masks",
     "chain_parents",
+    "deferred_errors",
     "sample",
     "sample_with_probs",
+    "raise_deferred_errors",
     "select_params",
     "stack_trees",
     "tree_from_sequences",
+    "typical_verify_tree",
     "verify_chain",
     "verify_tree",
 ]
@@ -43,6 +57,9 @@ sample = ops.sample
 sample_with_probs = ops.sample_with_probs
 verify_chain = ops.verify_chain
 verify_tree = ops.verify_tree
+deferred_errors = ops.deferred_errors
+raise_deferred_errors = ops.raise_deferred_errors
+typical_verify_tree = ops.typical_verify_tree
 
 
 def select_params(params: SamplingParams, index: Tensor) -> SamplingParams:
@@ -93,8 +110,56 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return bias.masked_fill_(~mask, torch.finfo(dtype).min)
 
 
+def block_masks(parents: Tensor, extra) -> tuple[Tensor, Tensor, Tensor]:
+    """Masks and positions of a block made of a tree and extra rows that are not part of it.
+
+    Parameters
+    ----------
+    parents : Tensor
+        ``[B, T]`` int64 tree (node 0 the root, ``-2`` padding).
+    extra : ExtraRows
+        ``R`` rows after the tree (see :class:`~specdec_kernels.decoding.drafter.ExtraRows`).
+
+    Returns
+    -------
+    mask : Tensor
+        ``[B, T + R, T + R]`` bool: tree rows see their ancestors (never an extra row), extra
+        rows what their mask says.
+    packed_mask : Tensor
+        ``[B, T + R, ceil((T + R) / 32)]`` int32, the same bit-packed.
+    depth : Tensor
+        ``[B, T + R]`` int64 position of each row after the root's (0 on padding).
+    """
+    nodes, rows = parents.shape[1], extra.num_rows
+    words = extra.mask.shape[-1]
+    if tuple(extra.mask.shape) != (parents.shape[0], rows, -(-(nodes + rows) // 32)):
+        raise ValueError(
+            f"extra rows' mask must have shape [B, R, ceil((T + R) / 32)] = "
+            f"[{parents.shape[0]}, {rows}, {-(-(nodes + rows) // 32)}] for a block of T = "
+            f"{nodes} tree nodes, got {tuple(extra.mask.shape)}"
+        )
+    tree = ops.build_tree_masks(parents, torch.zeros_like(parents[:, 0]))
+    packed = torch.cat(
+        [torch.nn.functional.pad(tree.packed_mask, (0, words - tree.packed_mask.shape[-1])),
+         extra.mask.to(torch.int32)],
+        1,
+    )
+    mask = torch.cat(
+        [torch.nn.functional.pad(tree.mask, (0, rows)), unpack_tree_mask(extra.mask, nodes + rows)],
+        1,
+    )
+    depth = torch.cat([tree.depth, extra.positions.to(torch.int64)], 1).clamp(min=0)
+    return mask, packed, depth
+
+
 def block_forward_kwargs(
-    config, parents: Tensor, prefix_lens: Tensor, starts: list, dtype: torch.dtype, kernel: bool
+    config,
+    parents: Tensor,
+    prefix_lens: Tensor,
+    starts: list,
+    dtype: torch.dtype,
+    kernel: bool,
+    extra=None,
 ) -> dict:
     """``position_ids`` and attention inputs of a block placed after each request's prefix.
 
@@ -113,6 +178,9 @@ def block_forward_kwargs(
     kernel : bool
         The model attends with the registered tree-attention kernel: pass tree metadata
         instead of dense masks.
+    extra : ExtraRows, optional
+        Rows that follow the tree in the block (its width is then ``T + R``), with their own
+        positions and masks (:func:`block_masks`).
 
     Returns
     -------
@@ -122,8 +190,17 @@ def block_forward_kwargs(
         kernel's metadata.
     """
     width = parents.shape[1]
+    if extra is not None:
+        block_mask, packed, depth = block_masks(parents, extra)
+        width = block_mask.shape[1]
     if kernel:
-        kwargs = tree_kernel_forward_kwargs(parents, prefix_lens, cache_lens=prefix_lens)
+        if extra is None:
+            kwargs = tree_kernel_forward_kwargs(parents, prefix_lens, cache_lens=prefix_lens)
+        else:
+            kwargs = {
+                "position_ids": prefix_lens[:, None] + depth,
+                METADATA_KWARG: TreeAttentionMetadata(packed, prefix_lens, depth),
+            }
         # A 4D mask (ignored by the kernel) keeps HF from building masks of its own.
         kv_len = max(starts) + width
         kwargs["attention_mask"] = torch.ones(
@@ -131,7 +208,10 @@ def block_forward_kwargs(
         ).expand(parents.shape[0], 1, width, kv_len)
         return kwargs
     prefix_valid = prefix_valid_from_lens(prefix_lens, max(starts))
-    kwargs = tree_mask_forward_kwargs(config, parents, prefix_valid)
+    if extra is None:
+        kwargs = tree_mask_forward_kwargs(config, parents, prefix_valid)
+    else:
+        kwargs = block_mask_forward_kwargs(config, block_mask, depth, prefix_valid)
     masks = kwargs["attention_mask"]
     ragged = min(starts) != max(starts)
 

@@ -37,6 +37,7 @@ __all__ = [
     "ATTENTION_NAME",
     "METADATA_KWARG",
     "TreeAttentionMetadata",
+    "block_mask_forward_kwargs",
     "register_tree_attention",
     "tree_attention_forward",
     "tree_kernel_forward_kwargs",
@@ -64,10 +65,15 @@ class TreeAttentionMetadata:
         how HF's own caches lay it out; every row before it is then attended, so requests must
         be unpadded (e.g. batch 1, or equal lengths). A per-request cache that writes request
         ``b``'s tree at ``cache_lens[b]`` handles ragged batches.
+    depth : Tensor or None
+        ``[B, T]`` position of each row after the root's, for sliding-window layers. None
+        means each row's ancestor count minus one (right for trees); blocks whose rows are
+        not a tree (lookahead windows) give it explicitly.
     """
 
     packed_mask: Tensor
     cache_lens: Tensor | None = None
+    depth: Tensor | None = None
 
 
 def register_tree_attention(name: str = ATTENTION_NAME) -> str:
@@ -148,16 +154,53 @@ def tree_mask_forward_kwargs(
     """
     prefix_valid = prefix_valid.to(device=parents.device, dtype=torch.bool)
     masks = ops.build_tree_masks(parents, prefix_valid.sum(-1).to(parents.dtype))
-    mask = tree_attention_mask_4d(masks.mask, prefix_valid)
+    return block_mask_forward_kwargs(
+        config, masks.mask, masks.depth.clamp(min=0), prefix_valid,
+        sliding_prefix_valid=sliding_prefix_valid,
+    )
+
+
+def block_mask_forward_kwargs(
+    config,
+    block_mask: Tensor,
+    depth: Tensor,
+    prefix_valid: Tensor,
+    *,
+    sliding_prefix_valid: Tensor | None = None,
+) -> dict:
+    """Forward kwargs for any block through HF's 4-D mask path: an explicit mask and explicit
+    positions per row (trees, or blocks that are not trees, such as lookahead windows).
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig
+        The model's (text) config.
+    block_mask : Tensor
+        ``[B, T, T]`` bool: row ``j`` attends to block row ``k``. Every row should see itself.
+    depth : Tensor
+        ``[B, T]`` int64 position of each row after the first block row's (``>= 0``).
+    prefix_valid, sliding_prefix_valid : Tensor
+        As for :func:`tree_mask_forward_kwargs`.
+
+    Returns
+    -------
+    dict
+        ``position_ids`` ``[B, T]`` (valid prefix tokens + depth) and ``attention_mask``, as
+        :func:`tree_mask_forward_kwargs`.
+    """
+    prefix_valid = prefix_valid.to(device=block_mask.device, dtype=torch.bool)
+    mask = tree_attention_mask_4d(block_mask, prefix_valid)
     layer_types = getattr(config, "layer_types", None) or []
     window = getattr(config, "sliding_window", None)
     if "sliding_attention" in layer_types and window:
         sliding = prefix_valid if sliding_prefix_valid is None else sliding_prefix_valid
         mask = {kind: mask for kind in set(layer_types)}
         mask["sliding_attention"] = tree_attention_mask_4d(
-            masks.mask, sliding.to(device=parents.device, dtype=torch.bool), sliding_window=window
+            block_mask, sliding.to(device=block_mask.device, dtype=torch.bool),
+            sliding_window=window, depth=depth,
         )
-    return {"position_ids": masks.position_ids, "attention_mask": mask}
+    position_ids = prefix_valid.sum(-1, keepdim=True) + depth
+    return {"position_ids": position_ids, "attention_mask": mask}
 
 
 def _sdpa_forward(*args, **kwargs):
@@ -173,7 +216,7 @@ def _windowed_tree_mask(meta: TreeAttentionMetadata, cache_lens: Tensor, key_len
     positions behind the root, tree node ``k`` at its depth."""
     nodes = meta.packed_mask.shape[1]
     tree = unpack_tree_mask(meta.packed_mask, nodes)  # [B, T, T]
-    depth = tree.sum(-1) - 1  # [B, T]
+    depth = tree.sum(-1) - 1 if meta.depth is None else meta.depth.to(tree.device)  # [B, T]
     cols = torch.arange(key_length, device=tree.device)
     start = cache_lens.to(torch.int64)[:, None, None]  # [B, 1, 1]
     query_pos = start + depth[:, :, None]  # [B, T, 1]

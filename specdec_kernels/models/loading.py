@@ -191,9 +191,11 @@ def load_model(
     FileNotFoundError
         ``source`` does not exist, or the default model's package is missing.
     ValueError
-        ``source`` is neither a folder nor a ``.gguf`` file, or ``dtype`` is unknown.
+        ``source`` is neither a folder nor a ``.gguf`` file, ``dtype`` is unknown, or
+        ``device`` is not a device torch knows or can use here.
     """
     dtype = _as_dtype(dtype)
+    device = _as_device(device)
     if source is None or str(source) == "default":
         folder = _ensure_converted(default_gguf_path())
         model, tokenizer = _load_folder(folder, dtype, device, attn_implementation)
@@ -235,6 +237,20 @@ def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
         return _DTYPES[str(dtype)]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def _as_device(device: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {str(device)!r}: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "a CUDA build"
+        raise ValueError(
+            f"device {str(device)!r} asked for, but torch {torch.__version__} ({build}) sees "
+            "no CUDA GPU"
+        )
+    return device
 
 
 def encode_prompts(

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/device_code.cuh"
 
 namespace specdec {
 
@@ -71,26 +72,81 @@ struct CompactShape {
   int64_t chunk_bytes;  // bytes of each row one CUDA block moves (a multiple of the vector width)
 };
 
-#if defined(__CUDACC__)
+// Accepted rows per request that compact_kv_columns_kernel keeps in registers; calls with a
+// wider accept_positions use compact_kv_rows_kernel.
+constexpr int kCompactRegisterRows = 16;
 
+#if defined(SPECDEC_DEVICE_CODE)
+
+// One thread per (cache tensor, request, head, vector column of the row), columns fastest so a
+// warp reads whole rows: the thread loads its column of every accepted row into registers,
+// then stores them. Every byte's reads thus precede its writes without a barrier, so sources
+// and destinations may overlap; different columns never touch the same bytes. Up to
+// kCompactRegisterRows independent loads per thread are in flight at once.
+// Inputs are validated on the host only when the caller asks (ops.compact_kv_cache_(...,
+// validate=True)); unchecked, the kernel still stays in bounds: counts are clamped to
+// max_accepted and rows whose source or destination lies outside the cache are skipped.
+template <typename vec_t, typename index_t, typename Rows>
+__global__ void __launch_bounds__(128)
+    compact_kv_columns_kernel(CacheTensorTable tensors, Rows rows, CompactShape shape,
+                              const index_t* __restrict__ accept_positions,
+                              const index_t* __restrict__ num_accepted,
+                              const index_t* __restrict__ cache_lens) {
+  const uint32_t vecs = static_cast<uint32_t>(shape.row_bytes / sizeof(vec_t));
+  const uint32_t index = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t column = index % vecs;
+  uint32_t rest = index / vecs;
+  const uint32_t h = rest % shape.num_heads;
+  rest /= shape.num_heads;
+  const uint32_t b = rest % shape.batch;
+  const uint32_t t = rest / shape.batch;
+  if (t >= static_cast<uint32_t>(shape.num_tensors)) return;
+  const int limit = shape.max_accepted < kCompactRegisterRows ? shape.max_accepted
+                                                              : kCompactRegisterRows;
+  // The positions are read together with the count (not after it), so the row loads wait for
+  // one round of index loads, not two.
+  const index_t* row_positions = accept_positions + static_cast<int64_t>(b) * shape.max_accepted;
+  index_t positions[kCompactRegisterRows];
+#pragma unroll
+  for (int i = 0; i < kCompactRegisterRows; ++i)
+    positions[i] = i < limit ? row_positions[i] : index_t(-1);
+  const int count = static_cast<int>(num_accepted[b]);
+  const int n = count < limit ? count : limit;
+  if (n <= 0) return;
+  const index_t dst_start = cache_lens[b];
+  char* base = tensors.base[t] + static_cast<int64_t>(column) * sizeof(vec_t);
+  vec_t staged[kCompactRegisterRows];
+#pragma unroll
+  for (int i = 0; i < kCompactRegisterRows; ++i) {
+    if (i < n && rows.valid(b, positions[i]))
+      staged[i] = *reinterpret_cast<const vec_t*>(base + rows.offset(b, h, positions[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < kCompactRegisterRows; ++i) {
+    const index_t dst = dst_start + static_cast<index_t>(i);
+    if (i < n && rows.valid(b, positions[i]) && rows.valid(b, dst))
+      *reinterpret_cast<vec_t*>(base + rows.offset(b, h, dst)) = staged[i];
+  }
+}
+
+// For accept_positions wider than kCompactRegisterRows: rows staged in shared memory.
 // grid.x = num_tensors * batch * num_heads, grid.y = row chunks; dynamic shared memory holds
 // max_accepted * chunk_bytes. Each block gathers its rows into shared memory, then scatters
 // them: no destination is written before every source is read, so overlap is harmless.
-// Inputs are validated on the host before launch, except under CUDA-graph capture; there the
-// kernel still stays in bounds: counts are clamped to max_accepted and rows whose source or
-// destination lies outside the cache are skipped.
+// Bounds as in compact_kv_columns_kernel.
 template <typename vec_t, typename index_t, typename Rows>
 __global__ void compact_kv_rows_kernel(CacheTensorTable tensors, Rows rows, CompactShape shape,
                                        const index_t* __restrict__ accept_positions,
                                        const index_t* __restrict__ num_accepted,
                                        const index_t* __restrict__ cache_lens) {
-  extern __shared__ __align__(16) unsigned char staging_bytes[];
+  SPECDEC_EXTERN_SHARED(unsigned char, staging_bytes);
   vec_t* staging = reinterpret_cast<vec_t*>(staging_bytes);
 
   const int64_t h = blockIdx.x % shape.num_heads;
   const int64_t b = (blockIdx.x / shape.num_heads) % shape.batch;
   const int64_t t = blockIdx.x / (static_cast<int64_t>(shape.num_heads) * shape.batch);
-  const int n = min(static_cast<int>(num_accepted[b]), shape.max_accepted);
+  const int count = static_cast<int>(num_accepted[b]);
+  const int n = count < shape.max_accepted ? count : shape.max_accepted;
   if (n <= 0) return;
 
   const int64_t chunk_begin = static_cast<int64_t>(blockIdx.y) * shape.chunk_bytes;
@@ -126,6 +182,10 @@ __global__ void advance_cache_lens_kernel(index_t* __restrict__ cache_lens,
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b < batch) cache_lens[b] += num_accepted[b];
 }
+
+#endif  // SPECDEC_DEVICE_CODE
+
+#if defined(__CUDACC__)
 
 // One warp per request: frees every allocated block at or after the first block the new length
 // no longer needs, compacting the freed ids to the left of freed_blocks[b] with a warp ballot.

@@ -64,6 +64,41 @@ SPECDEC_HD bool tree_key_visible(const int32_t* row, int64_t key, int64_t cache_
   return key < cache_len || tree_mask_bit(row, key - cache_len);
 }
 
+// ------------------------------------------------------------------------- lookahead windows
+//
+// A lookahead window of W columns and L levels follows a verification tree of `tree_nodes`
+// nodes in one block. Cell (l, i) (0 <= l < L, 0 <= i < W) is a guess for the position i + l
+// after the root; cell (0, 0) is the root itself (block column 0), every other cell is window
+// row r = l * W + i - 1, at block column tree_nodes + r. Row (l, i) attends to cells (0, 0..i)
+// and (1..l, i): the causal sequence root, (0, 1), ..., (0, i), (1, i), ..., (l, i).
+
+// Window rows of a request, saturated at limit + 1 (never overflows).
+SPECDEC_HD int64_t lookahead_rows(int64_t window, int64_t levels, int64_t limit) {
+  if (window <= 0 || levels <= 0) return 0;
+  if (levels > (limit + 1) / window + 1) return limit + 1;
+  const int64_t rows = window * levels - 1;
+  return rows < limit + 1 ? rows : limit + 1;
+}
+
+// Writes window row r's packed mask over `words` words and returns its position offset from the
+// root, -1 for a padding row (r >= rows, whose mask holds only itself). `rows` must be
+// lookahead_rows(window, levels, num_rows) clamped to num_rows, so every bit set is below
+// tree_nodes + num_rows.
+SPECDEC_HD int64_t lookahead_row(int64_t r, int64_t window, int64_t rows, int64_t tree_nodes,
+                                 int32_t* row, int64_t words) {
+  for (int64_t w = 0; w < words; ++w) row[w] = 0;
+  if (r >= rows) {
+    set_tree_mask_bit(row, tree_nodes + r);
+    return -1;
+  }
+  const int64_t level = (r + 1) / window;
+  const int64_t column = (r + 1) - level * window;
+  set_tree_mask_bit(row, 0);  // the root: cell (0, 0)
+  for (int64_t j = 1; j <= column; ++j) set_tree_mask_bit(row, tree_nodes + j - 1);
+  for (int64_t m = 1; m <= level; ++m) set_tree_mask_bit(row, tree_nodes + m * window + column - 1);
+  return level + column;
+}
+
 #if defined(__CUDACC__)
 
 // Exclusive prefix sum of `flag` over the threads of a block (blockDim.x a multiple of 32, at
@@ -137,6 +172,28 @@ __global__ void build_tree_masks_kernel(const index_t* __restrict__ parents,
     leaves_before += chunk_total;
   }
   if (threadIdx.x == 0) num_leaves[b] = leaves_before;
+}
+
+// One thread per window row; window and levels [B], outputs as build_lookahead_masks.
+template <typename index_t>
+__global__ void build_lookahead_masks_kernel(const index_t* __restrict__ window,
+                                             const index_t* __restrict__ levels,
+                                             bool* __restrict__ mask, int32_t* __restrict__ packed,
+                                             int64_t* __restrict__ positions, int64_t batch,
+                                             int64_t tree_nodes, int64_t num_rows) {
+  const int64_t columns = tree_nodes + num_rows;
+  const int64_t words = tree_mask_words(columns);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= batch * num_rows) return;
+  const int64_t b = i / num_rows;
+  const int64_t r = i - b * num_rows;
+  const int64_t w = static_cast<int64_t>(window[b]);
+  int64_t rows = lookahead_rows(w, static_cast<int64_t>(levels[b]), num_rows);
+  if (rows > num_rows) rows = num_rows;  // unchecked input (graph capture): stay in bounds
+  int32_t* row = packed + i * words;
+  positions[i] = lookahead_row(r, w, rows, tree_nodes, row, words);
+  bool* dense = mask + i * columns;
+  for (int64_t k = 0; k < columns; ++k) dense[k] = tree_mask_bit(row, k);
 }
 
 #endif  // __CUDACC__

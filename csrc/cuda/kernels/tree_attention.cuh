@@ -1,67 +1,140 @@
-// Tree attention CUDA kernels (flash-decoding style). No torch includes.
+// Tree attention CUDA kernels (FlashAttention-2 structure, flash-decoding splits). No torch
+// includes.
 //
 // Work split: one CTA per (request b, KV head h, block of query rows, key split). The query rows
 // of a KV head are all (tree token t, query head of the group g) pairs, row = t * G + g, so one
 // K/V tile in shared memory serves every tree token and every query head of the group. The keys
-// of request b (its cache_lens[b] prefix rows, then its T tree rows) are cut into splits of
-// split_keys keys; each CTA runs an online softmax over its split's key tiles and, when there
-// are several splits, writes a normalised partial output and its log-sum-exp, which
-// tree_attention_combine_kernel merges. Softmax runs in the log2 domain (scores pre-multiplied
-// by scale * log2(e)) in fp32.
+// of request b (its cache_lens[b] prefix rows, then its T tree rows) are cut into num_splits
+// ranges of whole key tiles, sized per request on the device from cache_lens[b] (so the grid
+// depends on shapes only: no host copy of the lengths, and graph capture needs nothing special).
+// Each CTA runs an online softmax over its range; with several splits it writes a normalised
+// partial output and its log-sum-exp, which tree_attention_combine_kernel merges. Softmax runs
+// in the log2 domain (scores multiplied by scale * log2(e)) in fp32. A row that sees no key is 0.
 //
 // Two main kernels share that structure:
-// - tree_attention_mma_kernel: fp16/bf16 with head dim 64/80/96/128 and 16-byte aligned rows;
-//   tensor cores (WMMA 16x16x16, fp32 accumulation) for Q K^T and P V, 64 query rows by 64 keys
-//   per tile, one warp per 16 rows.
-// - tree_attention_simt_kernel: everything else (fp32, other head dims up to 256, unaligned
-//   views); 16 query rows by 32 keys per tile, a lane per key for Q K^T, a lane per dim for P V.
+// - tree_attention_mma_kernel: fp16/bf16, head dim a multiple of 8 up to 256, 16-byte aligned
+//   rows, sm_80+. Instantiated for head dims 64/80/96/128/256; another head dim runs on the next
+//   larger instantiation with its extra columns zero-filled. Q and double-buffered K/V tiles
+//   arrive in shared memory by cp.async; each warp owns 16 * kMTiles query rows, keeps its S/P
+//   tile and O accumulators in registers (mma.sync m16n8k16, fp32 accumulation, P re-used from
+//   the S accumulators as the A operand of P V) and reads K/V through ldmatrix.
+// - tree_attention_simt_kernel: everything else (fp32, unaligned views, odd head dims); 16 query
+//   rows by 32 keys per tile, a lane per key for Q K^T, a lane per dim for P V.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/tree.cuh"
-
-#if defined(__CUDACC__)
-#include <cmath>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <mma.h>
-#endif
+#include "cuda/kernels/warp_mma.cuh"
 
 namespace specdec {
 
-constexpr int kTreeAttentionThreads = 128;  // 4 warps, both main kernels
+constexpr int kTreeAttentionThreads = 128;  // 4 warps, every main kernel
 constexpr int kMaxCudaHeadDim = 256;
 constexpr int kSimtRowsPerWarp = 4;
 constexpr int kSimtRows = 4 * kSimtRowsPerWarp;  // query rows per CTA
 constexpr int kSimtKeys = 32;                    // keys per tile: one per lane
-constexpr int kMmaRows = 64;                     // 16 per warp
-constexpr int kMmaKeys = 64;
-constexpr int kSplitGranule = 64;  // split_keys is a multiple of this (and of both key tiles)
+constexpr int kMaxTreeAttentionSplits = 256;
 
-template <typename scalar_t, typename index_t>
+template <typename scalar_t>
 struct TreeAttentionParams {
-  const scalar_t* q;             // [B, T, Hq, D], strides below
-  const scalar_t* k;             // [B, Hkv, S, D], strides below
+  const scalar_t* q;           // [B, T, Hq, D], strides below
+  const scalar_t* k;           // [B, Hkv, S, D], strides below
   const scalar_t* v;
-  scalar_t* out;                 // [B, T, Hq, D] contiguous
-  const index_t* cache_lens;     // [B]
-  const int32_t* tree_mask;      // [B, T, words]
-  float* partial_out;            // [B, T, Hq, num_splits, D] when num_splits > 1
-  float* partial_lse;            // [B, T, Hq, num_splits], log2 domain, -inf when nothing seen
+  scalar_t* out;               // [B, T, Hq, D] contiguous
+  const void* cache_lens;      // [B] int32 or int64 (lens_are_int64)
+  const int32_t* tree_mask;    // [B, T, words]
+  float* partial_out;          // [B, T, Hq, num_splits, D] when num_splits > 1
+  float* partial_lse;          // [B, T, Hq, num_splits], log2 domain, -inf when nothing seen
   int64_t q_stride_b, q_stride_t, q_stride_h;
   int64_t k_stride_b, k_stride_h, k_stride_s;
   int64_t v_stride_b, v_stride_h, v_stride_s;
-  int64_t capacity;              // S
-  int64_t split_keys;
+  int64_t capacity;            // S
   int batch, tokens, q_heads, kv_heads, group, head_dim, words;
   int num_splits, row_blocks;
-  float scale_log2;              // softmax scale * log2(e)
+  int key_tile;                // keys per tile of the main kernel: splits are whole tiles
+  int lens_are_int64;
+  float scale_log2;            // softmax scale * log2(e)
 };
 
-// Shared-memory layout of the SIMT kernel, in floats.
+// ------------------------------------------------------------------------- key splits
+
+// Keys [begin, end) of one split of a request: its cache_len + T keys are cut into num_splits
+// ranges of equally many whole key tiles (the last ones may be short or empty).
+struct KeySplit {
+  int64_t begin, end;
+};
+
+SPECDEC_HD int64_t tiles_per_split(int64_t num_keys, int key_tile, int num_splits) {
+  return ceil_div<int64_t>(ceil_div<int64_t>(num_keys, key_tile), num_splits);
+}
+
+SPECDEC_HD KeySplit key_split(int64_t num_keys, int key_tile, int num_splits, int split) {
+  const int64_t keys_per_split = tiles_per_split(num_keys, key_tile, num_splits) * key_tile;
+  const int64_t begin = split * keys_per_split;
+  const int64_t end = begin + keys_per_split < num_keys ? begin + keys_per_split : num_keys;
+  return {begin, end};
+}
+
+// Splits of a request that hold at least one key (the combine reads only those).
+SPECDEC_HD int64_t used_splits(int64_t num_keys, int key_tile, int num_splits) {
+  return ceil_div<int64_t>(ceil_div<int64_t>(num_keys, key_tile),
+                           tiles_per_split(num_keys, key_tile, num_splits));
+}
+
+// ------------------------------------------------------------------------- tile shapes
+
+// Shape of the tensor-core kernel for one head-dim instantiation and kMTiles m16 tiles per warp.
+template <int kHeadDim, int kMTiles>
+struct MmaTileConfig {
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= kMaxCudaHeadDim, "head dim tile");
+  static constexpr int kWarps = kTreeAttentionThreads / 32;
+  static constexpr int kRows = 16 * kMTiles * kWarps;  // query rows per CTA
+  static constexpr int kKeys = kHeadDim > 128 || kMTiles > 1 ? 32 : 64;  // keys per tile
+  // Shared rows are padded by 16 bytes: the 8 rows an ldmatrix reads (row pitch (D + 8) * 2
+  // bytes, D a multiple of 16) then start in 8 distinct groups of 4 banks, so no conflicts.
+  static constexpr int kLd = kHeadDim + 8;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kQElems = kRows * kLd;
+  static constexpr int kStageElems = kKeys * kLd;  // one K or V tile
+  static constexpr int kSmemBytes = (kQElems + 4 * kStageElems) * 2;  // Q, 2 stages of K and V
+};
+
+// The head-dim instantiation a head dim runs on (0: not on tensor cores).
+constexpr int mma_tile_dim(int64_t head_dim) {
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > kMaxCudaHeadDim) return 0;
+  return head_dim <= 64 ? 64 : head_dim <= 80 ? 80 : head_dim <= 96 ? 96 : head_dim <= 128 ? 128 : 256;
+}
+
+// Two m16 tiles per warp (128 rows per CTA) halve the shared-memory reads per MMA; worth it
+// when a KV head has more than 64 query rows and the accumulators fit in registers (D <= 128).
+constexpr int mma_m_tiles(int tile_dim, int64_t rows) { return rows > 64 && tile_dim <= 128 ? 2 : 1; }
+
+// Calls f(integral_constant<int, D>, integral_constant<int, M>) for an instantiated shape.
+template <typename F>
+void dispatch_mma_tile(int tile_dim, int m_tiles, F&& f) {
+  using std::integral_constant;
+  if (m_tiles == 2) {
+    switch (tile_dim) {
+      case 64: return f(integral_constant<int, 64>{}, integral_constant<int, 2>{});
+      case 80: return f(integral_constant<int, 80>{}, integral_constant<int, 2>{});
+      case 96: return f(integral_constant<int, 96>{}, integral_constant<int, 2>{});
+      default: return f(integral_constant<int, 128>{}, integral_constant<int, 2>{});
+    }
+  }
+  switch (tile_dim) {
+    case 64: return f(integral_constant<int, 64>{}, integral_constant<int, 1>{});
+    case 80: return f(integral_constant<int, 80>{}, integral_constant<int, 1>{});
+    case 96: return f(integral_constant<int, 96>{}, integral_constant<int, 1>{});
+    case 128: return f(integral_constant<int, 128>{}, integral_constant<int, 1>{});
+    default: return f(integral_constant<int, 256>{}, integral_constant<int, 1>{});
+  }
+}
+
+// Shared memory of the SIMT kernel, in floats.
 SPECDEC_HD int64_t simt_smem_floats(int64_t head_dim) {
   return 2 * kSimtRows * head_dim        // Q (scaled) and O accumulators
          + kSimtKeys * (head_dim + 1)    // K tile, padded against bank conflicts
@@ -69,99 +142,100 @@ SPECDEC_HD int64_t simt_smem_floats(int64_t head_dim) {
          + 4 * kSimtKeys;                // P of each warp
 }
 
-constexpr int align_to_128(int bytes) { return (bytes + 127) / 128 * 128; }
+// Splits per request so that the grid fills the device without a second, mostly idle wave:
+// as many as fit in one wave when base_ctas (CTAs per split) is below a wave; else the fewest
+// whose last wave is well filled (within 85% of the best tail efficiency over 1..16 splits).
+// max_tiles bounds the key tiles of any request (from the cache capacity).
+inline int choose_tree_attention_splits(int64_t base_ctas, int64_t wave_ctas, int64_t max_tiles) {
+  const int64_t limit = max_tiles < kMaxTreeAttentionSplits ? max_tiles : kMaxTreeAttentionSplits;
+  if (base_ctas <= 0 || wave_ctas <= 0 || limit <= 1) return 1;
+  if (base_ctas <= wave_ctas) {
+    const int64_t fit = wave_ctas / base_ctas;
+    return static_cast<int>(fit < limit ? fit : limit);
+  }
+  auto efficiency = [&](int64_t s) {
+    const double waves = static_cast<double>(base_ctas * s) / static_cast<double>(wave_ctas);
+    return waves / static_cast<double>(ceil_div<int64_t>(base_ctas * s, wave_ctas));
+  };
+  const int64_t candidates = limit < 16 ? limit : 16;
+  double best = 0.0;
+  for (int64_t s = 1; s <= candidates; ++s) best = efficiency(s) > best ? efficiency(s) : best;
+  for (int64_t s = 1; s <= candidates; ++s)
+    if (efficiency(s) >= 0.85 * best) return static_cast<int>(s);
+  return 1;
+}
 
-// Shared-memory layout of the MMA kernel (bytes). P (16 x kMmaKeys, ld kMmaLdP) of each warp
-// overlays the start of that warp's 16 rows of S once they have been read.
-template <int kHeadDim>
-struct MmaSmemLayout {
-  static constexpr int ldq = kHeadDim + 8;    // elements of Q/K/V rows (16-byte padding)
-  static constexpr int lds = kMmaKeys + 4;    // floats of an S row
-  static constexpr int ldp = kMmaKeys + 8;    // elements of a P row
-  static constexpr int ldo = kHeadDim + 4;    // floats of an O row
-  static constexpr int q_offset = 0;
-  static constexpr int k_offset = align_to_128(q_offset + kMmaRows * ldq * 2);
-  static constexpr int v_offset = align_to_128(k_offset + kMmaKeys * ldq * 2);
-  static constexpr int s_offset = align_to_128(v_offset + kMmaKeys * ldq * 2);
-  static constexpr int o_offset = align_to_128(s_offset + kMmaRows * lds * 4);
-  static constexpr int stats_offset = align_to_128(o_offset + kMmaRows * ldo * 4);
-  static constexpr int bytes = stats_offset + 3 * kMmaRows * 4;  // row max, row sum, rescale
-  static_assert(16 * ldp * 2 <= 16 * lds * 4, "a warp's P must fit in its rows of S");
-  static_assert((16 * lds * 4) % 32 == 0, "WMMA pointers must be 32-byte aligned");
-};
-
-#if defined(__CUDACC__)
+#if defined(SPECDEC_DEVICE_CODE)
 
 template <typename T>
 struct FloatConvert;
 template <>
 struct FloatConvert<float> {
-  static __device__ __forceinline__ float to(float x) { return x; }
-  static __device__ __forceinline__ float from(float x) { return x; }
+  static SPECDEC_DEVICE float to(float x) { return x; }
+  static SPECDEC_DEVICE float from(float x) { return x; }
 };
 template <>
 struct FloatConvert<__half> {
-  static __device__ __forceinline__ float to(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half from(float x) { return __float2half_rn(x); }
+  static SPECDEC_DEVICE float to(__half x) { return __half2float(x); }
+  static SPECDEC_DEVICE __half from(float x) { return __float2half_rn(x); }
 };
 template <>
 struct FloatConvert<__nv_bfloat16> {
-  static __device__ __forceinline__ float to(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+  static SPECDEC_DEVICE float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static SPECDEC_DEVICE __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
 };
 
-__device__ __forceinline__ float warp_max(float x) {
+SPECDEC_DEVICE float warp_max(float x) {
   for (int offset = 16; offset > 0; offset >>= 1)
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
   return x;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
+SPECDEC_DEVICE float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
 }
 
-// What one CTA works on. Cache lengths are clamped into the cache so that an unchecked call
-// (during CUDA-graph capture) can never read outside it.
-struct TreeAttentionWork {
-  int64_t b, h, row_block, split;
-  int64_t cache_len, key_begin, key_end;
-};
-
-template <typename index_t>
-__device__ __forceinline__ int64_t clamped_cache_len(const index_t* cache_lens, int64_t b,
-                                                     int64_t capacity, int64_t tokens) {
-  const int64_t n = static_cast<int64_t>(cache_lens[b]);
-  return n < 0 ? 0 : (n > capacity - tokens ? capacity - tokens : n);
+// cache_lens[b], clamped into the cache so that an unchecked call can never read outside it.
+template <typename P>
+SPECDEC_DEVICE int64_t request_cache_len(const P& p, int64_t b) {
+  const int64_t n = p.lens_are_int64 ? static_cast<const int64_t*>(p.cache_lens)[b]
+                                     : static_cast<int64_t>(static_cast<const int32_t*>(p.cache_lens)[b]);
+  const int64_t most = p.capacity - p.tokens;
+  return n < 0 ? 0 : (n > most ? most : n);
 }
 
+// What one CTA works on: blockIdx.x = (b * Hkv + h) * row_blocks + row block, blockIdx.y = split.
+struct TreeAttentionWork {
+  int b, h, row_block;
+  int64_t cache_len;
+  KeySplit keys;
+};
+
 template <typename P>
-__device__ __forceinline__ TreeAttentionWork tree_attention_work(const P& p) {
+SPECDEC_DEVICE TreeAttentionWork tree_attention_work(const P& p) {
   TreeAttentionWork w;
-  w.row_block = blockIdx.x % p.row_blocks;
-  const int64_t bh = blockIdx.x / p.row_blocks;
+  const int block = static_cast<int>(blockIdx.x);
+  w.row_block = block % p.row_blocks;
+  const int bh = block / p.row_blocks;
   w.h = bh % p.kv_heads;
   w.b = bh / p.kv_heads;
-  w.split = blockIdx.y;
-  w.cache_len = clamped_cache_len(p.cache_lens, w.b, p.capacity, p.tokens);
-  const int64_t num_keys = w.cache_len + p.tokens;
-  w.key_begin = w.split * p.split_keys;
-  w.key_end = w.key_begin + p.split_keys < num_keys ? w.key_begin + p.split_keys : num_keys;
+  w.cache_len = request_cache_len(p, w.b);
+  w.keys = key_split(w.cache_len + p.tokens, p.key_tile, p.num_splits, static_cast<int>(blockIdx.y));
   return w;
 }
 
 // Output row index (b, t, query head) into out / partial_out.
 template <typename P>
-__device__ __forceinline__ int64_t tree_output_row(const P& p, int64_t b, int64_t row, int64_t h) {
+SPECDEC_DEVICE int64_t tree_output_row(const P& p, int64_t b, int64_t row, int64_t h) {
   const int64_t t = row / p.group;
   return (b * p.tokens + t) * p.q_heads + h * p.group + row % p.group;
 }
 
-// Stores one row's result: the final output when there is one split, else the normalised
-// partial output (the log-sum-exp is stored separately).
+// Stores one element of a row's result: the final output when there is one split, else the
+// normalised partial output (the log-sum-exp is stored separately).
 template <typename scalar_t, typename P>
-__device__ __forceinline__ void store_tree_row(const P& p, int64_t out_row, int64_t split, int d,
-                                               float value) {
+SPECDEC_DEVICE void store_tree_row(const P& p, int64_t out_row, int64_t split, int d, float value) {
   if (p.num_splits == 1) {
     p.out[out_row * p.head_dim + d] = FloatConvert<scalar_t>::from(value);
   } else {
@@ -169,13 +243,13 @@ __device__ __forceinline__ void store_tree_row(const P& p, int64_t out_row, int6
   }
 }
 
-template <typename scalar_t, typename index_t>
+template <typename scalar_t>
 __global__ void __launch_bounds__(kTreeAttentionThreads)
-    tree_attention_simt_kernel(const TreeAttentionParams<scalar_t, index_t> p) {
-  extern __shared__ __align__(16) unsigned char simt_smem[];
+    tree_attention_simt_kernel(const TreeAttentionParams<scalar_t> p) {
+  SPECDEC_EXTERN_SHARED(unsigned char, simt_smem);
   using Conv = FloatConvert<scalar_t>;
   const TreeAttentionWork w = tree_attention_work(p);
-  if (w.key_begin >= w.key_end) return;  // past this request's keys; the combine skips it
+  if (w.keys.begin >= w.keys.end) return;  // past this request's keys; the combine skips it
   const int dim = p.head_dim;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
@@ -211,8 +285,9 @@ __global__ void __launch_bounds__(kTreeAttentionThreads)
 
   const scalar_t* k_base = p.k + w.b * p.k_stride_b + w.h * p.k_stride_h;
   const scalar_t* v_base = p.v + w.b * p.v_stride_b + w.h * p.v_stride_h;
-  for (int64_t tile0 = w.key_begin; tile0 < w.key_end; tile0 += kSimtKeys) {
-    const int num = static_cast<int>(w.key_end - tile0 < kSimtKeys ? w.key_end - tile0 : kSimtKeys);
+  for (int64_t tile0 = w.keys.begin; tile0 < w.keys.end; tile0 += kSimtKeys) {
+    const int num =
+        static_cast<int>(w.keys.end - tile0 < kSimtKeys ? w.keys.end - tile0 : kSimtKeys);
     for (int i = threadIdx.x; i < kSimtKeys * dim; i += blockDim.x) {
       const int key = i / dim;
       const int d = i % dim;
@@ -231,7 +306,7 @@ __global__ void __launch_bounds__(kTreeAttentionThreads)
       const int r = warp * kSimtRowsPerWarp + rr;
       const int64_t row = row0 + r;
       if (row >= total_rows) continue;  // warp-uniform
-      const int32_t* bits = p.tree_mask + (w.b * p.tokens + row / p.group) * p.words;
+      const int32_t* bits = p.tree_mask + (static_cast<int64_t>(w.b) * p.tokens + row / p.group) * p.words;
       float score = -INFINITY;
       if (lane < num && tree_key_visible(bits, tile0 + lane, w.cache_len)) {
         const float* qr = s_q + r * dim;
@@ -267,193 +342,275 @@ __global__ void __launch_bounds__(kTreeAttentionThreads)
     const int64_t out_row = tree_output_row(p, w.b, row, w.h);
     const float inv = row_sum[rr] > 0.f ? 1.f / row_sum[rr] : 0.f;
     for (int d = lane; d < dim; d += 32)
-      store_tree_row<scalar_t>(p, out_row, w.split, d, s_o[r * dim + d] * inv);
+      store_tree_row<scalar_t>(p, out_row, blockIdx.y, d, s_o[r * dim + d] * inv);
     if (p.num_splits > 1 && lane == 0) {
-      p.partial_lse[out_row * p.num_splits + w.split] =
+      p.partial_lse[out_row * p.num_splits + blockIdx.y] =
           row_sum[rr] > 0.f ? row_max[rr] + log2f(row_sum[rr]) : -INFINITY;
     }
   }
 }
 
-template <typename scalar_t, typename index_t, int kHeadDim>
-__global__ void __launch_bounds__(kTreeAttentionThreads)
-    tree_attention_mma_kernel(const TreeAttentionParams<scalar_t, index_t> p) {
+// Tensor-core kernel: 4 warps, warp w owns query rows [w * 16 * kMTiles, (w + 1) * 16 * kMTiles)
+// of the CTA's block. Per key tile: S = Q K^T (A = Q by ldmatrix, B = K by ldmatrix), the online
+// softmax on the S accumulators, O += P V (A = P repacked from S, B = V by ldmatrix.trans), while
+// the next tile's K/V is already on its way (cp.async, two stages).
+template <typename scalar_t, int kHeadDim, int kMTiles>
+__global__ void __launch_bounds__(kTreeAttentionThreads, 2)
+    tree_attention_mma_kernel(const TreeAttentionParams<scalar_t> p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // the launcher only selects this kernel on sm_80 and newer
 #else
-  namespace wmma = nvcuda::wmma;
-  using L = MmaSmemLayout<kHeadDim>;
-  using Conv = FloatConvert<scalar_t>;
-  constexpr int kVec = 8;  // elements per 16-byte load
-  constexpr int kVecsPerRow = kHeadDim / kVec;
-  extern __shared__ __align__(128) unsigned char mma_smem[];
-  scalar_t* s_q = reinterpret_cast<scalar_t*>(mma_smem + L::q_offset);
-  scalar_t* s_k = reinterpret_cast<scalar_t*>(mma_smem + L::k_offset);
-  scalar_t* s_v = reinterpret_cast<scalar_t*>(mma_smem + L::v_offset);
-  float* s_s = reinterpret_cast<float*>(mma_smem + L::s_offset);
-  float* s_o = reinterpret_cast<float*>(mma_smem + L::o_offset);
-  float* s_max = reinterpret_cast<float*>(mma_smem + L::stats_offset);
-  float* s_sum = s_max + kMmaRows;
-  float* s_rescale = s_sum + kMmaRows;
+  using C = MmaTileConfig<kHeadDim, kMTiles>;
+  constexpr int kKeys = C::kKeys;
+  constexpr int kLd = C::kLd;
+  constexpr int kDimTiles = kHeadDim / 8;  // n8 tiles of O
+  constexpr int kKeyTiles = kKeys / 8;     // n8 tiles of S
+  SPECDEC_EXTERN_SHARED(unsigned char, mma_smem);
+  scalar_t* s_q = reinterpret_cast<scalar_t*>(mma_smem);
+  scalar_t* s_k = s_q + C::kQElems;      // stages 0, 1
+  scalar_t* s_v = s_k + 2 * C::kStageElems;
 
   const TreeAttentionWork w = tree_attention_work(p);
-  if (w.key_begin >= w.key_end) return;  // past this request's keys; the combine skips it
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int64_t total_rows = static_cast<int64_t>(p.tokens) * p.group;
-  const int64_t row0 = w.row_block * kMmaRows;
+  if (w.keys.begin >= w.keys.end) return;  // past this request's keys; the combine skips it
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int total_rows = p.tokens * p.group;
+  const int row0 = w.row_block * C::kRows;
+  // The split in 32-bit offsets from its first key: its length, and where the tree starts
+  // (clamped into [-T, split_len]; keys before it are the prefix, visible to every row).
+  const int split_len = static_cast<int>(w.keys.end - w.keys.begin);
+  const int64_t tree_from_split = w.cache_len - w.keys.begin;
+  const int tree_start = static_cast<int>(tree_from_split < split_len ? tree_from_split : split_len);
+  const int num_tiles = (split_len + kKeys - 1) / kKeys;
+  const int unmasked_tiles = tree_start > 0 ? tree_start / kKeys : 0;  // tiles of prefix keys only
+  const scalar_t* k_split = p.k + w.b * p.k_stride_b + w.h * p.k_stride_h + w.keys.begin * p.k_stride_s;
+  const scalar_t* v_split = p.v + w.b * p.v_stride_b + w.h * p.v_stride_h + w.keys.begin * p.v_stride_s;
 
-  for (int i = threadIdx.x; i < kMmaRows * kVecsPerRow; i += blockDim.x) {
-    const int r = i / kVecsPerRow;
-    const int c = i % kVecsPerRow;
-    const int64_t row = row0 + r;
-    uint4 value = make_uint4(0u, 0u, 0u, 0u);
-    if (row < total_rows) {
-      const int64_t t = row / p.group;
-      const int64_t head = w.h * p.group + row % p.group;
-      value = *reinterpret_cast<const uint4*>(p.q + w.b * p.q_stride_b + t * p.q_stride_t +
-                                              head * p.q_stride_h + c * kVec);
+  // Q rows of the block; rows past T * G and columns past the head dim are zero-filled.
+  for (int i = tid; i < C::kRows * C::kChunks; i += kTreeAttentionThreads) {
+    const int r = i / C::kChunks;
+    const int c = i % C::kChunks;
+    const int row = row0 + r;
+    const bool valid = row < total_rows && c * 8 < p.head_dim;
+    const scalar_t* src = p.q;  // not read when !valid
+    if (valid) {
+      src = p.q + w.b * p.q_stride_b + static_cast<int64_t>(row / p.group) * p.q_stride_t +
+            (w.h * p.group + row % p.group) * p.q_stride_h + c * 8;
     }
-    *reinterpret_cast<uint4*>(s_q + r * L::ldq + c * kVec) = value;
+    cp_async_16(s_q + r * kLd + c * 8, src, valid);
   }
-  for (int i = threadIdx.x; i < kMmaRows * kHeadDim; i += blockDim.x)
-    s_o[(i / kHeadDim) * L::ldo + i % kHeadDim] = 0.f;
-  if (threadIdx.x < kMmaRows) {
-    s_max[threadIdx.x] = -INFINITY;
-    s_sum[threadIdx.x] = 0.f;
+  // K and V of key tile `tile` into `stage`; keys past the split (the next split's, the tail,
+  // or past the cache) are zero-filled, so masked products are 0 * 0, never 0 * garbage.
+  auto load_tile = [&](int tile, int stage) {
+    scalar_t* dst_k = s_k + stage * C::kStageElems;
+    scalar_t* dst_v = s_v + stage * C::kStageElems;
+    for (int i = tid; i < kKeys * C::kChunks; i += kTreeAttentionThreads) {
+      const int key = tile * kKeys + i / C::kChunks;
+      const int c = i % C::kChunks;
+      const int local = i / C::kChunks * kLd + c * 8;
+      const bool valid = key < split_len && c * 8 < p.head_dim;
+      const int64_t k_offset = valid ? key * p.k_stride_s + c * 8 : 0;
+      const int64_t v_offset = valid ? key * p.v_stride_s + c * 8 : 0;
+      cp_async_16(dst_k + local, k_split + k_offset, valid);
+      cp_async_16(dst_v + local, v_split + v_offset, valid);
+    }
+  };
+  load_tile(0, 0);
+  cp_async_commit();
+
+  // This thread's rows: g and g + 8 of each of its m16 tiles (hf = 0, 1).
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int warp_row0 = warp * 16 * kMTiles;
+  float o[kMTiles][kDimTiles][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int d = 0; d < kDimTiles; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][d][e] = 0.f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      row_max[mt][hf] = -INFINITY;
+      row_sum[mt][hf] = 0.f;
+    }
   }
-  __syncthreads();
+  // ldmatrix row/column of this lane: A operands (Q, and V read transposed) take matrices in
+  // the order (rows 0-7, 8-15) x (cols 0-7, 8-15) row-fastest; K as B takes keys 0-7 / 8-15
+  // (two n8 tiles) with dims 0-7 / 8-15 (the fragment's two registers) dim-fastest.
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_col = (lane >> 4) * 8;
+  const int k_row = (lane & 7) + (lane >> 4) * 8;
+  const int k_col = ((lane >> 3) & 1) * 8;
 
-  const scalar_t* k_base = p.k + w.b * p.k_stride_b + w.h * p.k_stride_h;
-  const scalar_t* v_base = p.v + w.b * p.v_stride_b + w.h * p.v_stride_h;
-  // This lane's row (two lanes per row, 32 key columns each) in the softmax step.
-  const int local_row = lane >> 1;
-  const int r = warp * 16 + local_row;
-  const int col0 = (lane & 1) * 32;
-  const int64_t row = row0 + r;
-  const bool row_ok = row < total_rows;
-  const int32_t* bits =
-      p.tree_mask + (w.b * p.tokens + (row_ok ? row / p.group : 0)) * p.words;
-  scalar_t* s_p = reinterpret_cast<scalar_t*>(s_s + warp * 16 * L::lds);  // overlays S rows
-
-  for (int64_t tile0 = w.key_begin; tile0 < w.key_end; tile0 += kMmaKeys) {
-    const int num = static_cast<int>(w.key_end - tile0 < kMmaKeys ? w.key_end - tile0 : kMmaKeys);
-    for (int i = threadIdx.x; i < kMmaKeys * kVecsPerRow; i += blockDim.x) {
-      const int key = i / kVecsPerRow;
-      const int c = i % kVecsPerRow;
-      uint4 kv = make_uint4(0u, 0u, 0u, 0u), vv = kv;
-      if (key < num) {
-        kv = *reinterpret_cast<const uint4*>(k_base + (tile0 + key) * p.k_stride_s + c * kVec);
-        vv = *reinterpret_cast<const uint4*>(v_base + (tile0 + key) * p.v_stride_s + c * kVec);
-      }
-      *reinterpret_cast<uint4*>(s_k + key * L::ldq + c * kVec) = kv;
-      *reinterpret_cast<uint4*>(s_v + key * L::ldq + c * kVec) = vv;
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < num_tiles) {
+      load_tile(tile + 1, stage ^ 1);  // that stage was last read in iteration tile - 1
+      cp_async_commit();
+      cp_async_wait<1>();  // everything but the tile just issued has landed
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
+    const scalar_t* tile_k = s_k + stage * C::kStageElems;
+    const scalar_t* tile_v = s_v + stage * C::kStageElems;
 
-    // S = Q K^T for this warp's 16 rows and the tile's 64 keys.
+    // S = Q K^T over the tile.
+    float s[kMTiles][kKeyTiles][4];
 #pragma unroll
-    for (int n = 0; n < kMmaKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.f);
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, scalar_t, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, scalar_t, wmma::col_major> b;
-        wmma::load_matrix_sync(a, s_q + warp * 16 * L::ldq + kk * 16, L::ldq);
-        wmma::load_matrix_sync(b, s_k + n * 16 * L::ldq + kk * 16, L::ldq);
-        wmma::mma_sync(acc, a, b, acc);
+      for (int j = 0; j < kKeyTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+        ldmatrix_x4(a[mt], s_q + (warp_row0 + mt * 16 + a_row) * kLd + kk * 16 + a_col);
+#pragma unroll
+      for (int jj = 0; jj < kKeys / 16; ++jj) {
+        uint32_t bk[4];
+        ldmatrix_x4(bk, tile_k + (jj * 16 + k_row) * kLd + kk * 16 + k_col);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<scalar_t>(s[mt][2 * jj], a[mt], bk[0], bk[1]);
+          mma_16816<scalar_t>(s[mt][2 * jj + 1], a[mt], bk[2], bk[3]);
+        }
       }
-      wmma::store_matrix_sync(s_s + warp * 16 * L::lds + n * 16, acc, L::lds, wmma::mem_row_major);
     }
-    __syncwarp();
 
-    // Online softmax of the tile, in registers; then P (input dtype) over this warp's S rows.
-    float scores[32];
-    float tile_max = -INFINITY;
+    // Online softmax on the accumulators: element e of n8 tile j is row g + 8 (e / 2), key
+    // 8 j + 2 t4 + (e % 2) of the tile; a row's 4 lanes (same g) combine with xor 1 and 2.
+    // Tiles of prefix keys only skip the mask; in the others key i of the tile is visible iff
+    // i < end (in the split) and (i < tree (prefix) or bit i - tree of the row's mask).
+    const bool masked = tile >= unmasked_tiles;
+    const int end = split_len - tile * kKeys;
+    const int tree = tree_start - tile * kKeys;
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const int col = col0 + c;
-      float s = -INFINITY;
-      if (row_ok && col < num && tree_key_visible(bits, tile0 + col, w.cache_len))
-        s = s_s[r * L::lds + col] * p.scale_log2;
-      scores[c] = s;
-      tile_max = fmaxf(tile_max, s);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float old_max = s_max[r];
-    const float new_max = fmaxf(old_max, tile_max);
-    const bool any = new_max != -INFINITY;
-    const float rescale = any ? exp2f(old_max - new_max) : 1.f;
-    float tile_sum = 0.f;
-    __syncwarp();  // every lane has read its S values before P overwrites them
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-    for (int c = 0; c < 32; ++c) {
-      const float prob = any ? exp2f(scores[c] - new_max) : 0.f;
-      tile_sum += prob;
-      s_p[local_row * L::ldp + col0 + c] = Conv::from(prob);
-    }
-    tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
-    if ((lane & 1) == 0) {
-      s_max[r] = new_max;
-      s_sum[r] = s_sum[r] * rescale + tile_sum;
-      s_rescale[r] = rescale;
-    }
-    __syncwarp();
-    for (int i = lane; i < 16 * kHeadDim; i += 32) {
-      const int rr = warp * 16 + i / kHeadDim;
-      s_o[rr * L::ldo + i % kHeadDim] *= s_rescale[rr];
-    }
-    __syncwarp();
-
-    // O += P V for this warp's rows.
+      for (int hf = 0; hf < 2; ++hf) {
+        const int32_t* mask_row = nullptr;
+        if (masked) {
+          const int row = row0 + warp_row0 + mt * 16 + g + 8 * hf;
+          const int token = row < total_rows ? row / p.group : 0;  // padding rows: any row
+          mask_row = p.tree_mask + (static_cast<int64_t>(w.b) * p.tokens + token) * p.words;
+        }
+        float tile_max = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, s_o + warp * 16 * L::ldo + n * 16, L::ldo, wmma::mem_row_major);
+        for (int j = 0; j < kKeyTiles; ++j) {
 #pragma unroll
-      for (int kk = 0; kk < kMmaKeys / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, scalar_t, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, scalar_t, wmma::row_major> b;
-        wmma::load_matrix_sync(a, s_p + kk * 16, L::ldp);
-        wmma::load_matrix_sync(b, s_v + kk * 16 * L::ldq + n * 16, L::ldq);
-        wmma::mma_sync(o, a, b, o);
+          for (int e = 0; e < 2; ++e) {
+            float x = s[mt][j][2 * hf + e] * p.scale_log2;
+            if (masked) {
+              const int i = 8 * j + 2 * t4 + e;
+              if (!(i < end && (i < tree || tree_mask_bit(mask_row, i - tree)))) x = -INFINITY;
+            }
+            s[mt][j][2 * hf + e] = x;
+            tile_max = fmaxf(tile_max, x);
+          }
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[mt][hf], tile_max);
+        // Nothing seen yet: subtract 0, so exp2(-inf) = 0 everywhere and no inf - inf.
+        const float base = new_max == -INFINITY ? 0.f : new_max;
+        const float rescale = exp2f(row_max[mt][hf] - base);
+        row_max[mt][hf] = new_max;
+        float tile_sum = 0.f;  // this lane's share; the row's 4 lanes are added at the end
+#pragma unroll
+        for (int j = 0; j < kKeyTiles; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float prob = exp2f(s[mt][j][2 * hf + e] - base);
+            s[mt][j][2 * hf + e] = prob;
+            tile_sum += prob;
+          }
+        }
+        row_sum[mt][hf] = row_sum[mt][hf] * rescale + tile_sum;
+#pragma unroll
+        for (int d = 0; d < kDimTiles; ++d) {
+          o[mt][d][2 * hf] *= rescale;
+          o[mt][d][2 * hf + 1] *= rescale;
+        }
       }
-      wmma::store_matrix_sync(s_o + warp * 16 * L::ldo + n * 16, o, L::ldo, wmma::mem_row_major);
     }
-    __syncthreads();  // K/V tiles and S/P are reused by the next tile
+
+    // O += P V: P's A fragment for keys 16 kk .. 16 kk + 15 is S tiles 2 kk and 2 kk + 1.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        pa[mt][0] = pack_pair<scalar_t>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack_pair<scalar_t>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack_pair<scalar_t>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack_pair<scalar_t>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, tile_v + (kk * 16 + a_row) * kLd + dd * 16 + a_col);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_16816<scalar_t>(o[mt][2 * dd], pa[mt], bv[0], bv[1]);
+          mma_16816<scalar_t>(o[mt][2 * dd + 1], pa[mt], bv[2], bv[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
-  for (int i = lane; i < 16 * kHeadDim; i += 32) {
-    const int rr = warp * 16 + i / kHeadDim;
-    const int d = i % kHeadDim;
-    const int64_t out_row_index = row0 + rr;
-    if (out_row_index >= total_rows) continue;
-    const float sum = s_sum[rr];
-    const float value = sum > 0.f ? s_o[rr * L::ldo + d] / sum : 0.f;
-    store_tree_row<scalar_t>(p, tree_output_row(p, w.b, out_row_index, w.h), w.split, d, value);
-  }
-  if (p.num_splits > 1 && lane < 16) {
-    const int rr = warp * 16 + lane;
-    if (row0 + rr < total_rows) {
-      const float sum = s_sum[rr];
-      p.partial_lse[tree_output_row(p, w.b, row0 + rr, w.h) * p.num_splits + w.split] =
-          sum > 0.f ? s_max[rr] + log2f(sum) : -INFINITY;
+  // Epilogue: the row sums of the 4 lanes of a row, then this lane's columns 8 d + 2 t4, +1.
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float sum = row_sum[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + warp_row0 + mt * 16 + g + 8 * hf;
+      if (row >= total_rows) continue;  // no collectives below
+      const int64_t out_row = tree_output_row(p, w.b, row, w.h);
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+#pragma unroll
+      for (int d = 0; d < kDimTiles; ++d) {
+        const int col = 8 * d + 2 * t4;
+        if (col >= p.head_dim) continue;  // zero-filled columns of a padded head dim
+        const float x0 = o[mt][d][2 * hf] * inv;
+        const float x1 = o[mt][d][2 * hf + 1] * inv;
+        if (p.num_splits == 1) {
+          *reinterpret_cast<uint32_t*>(p.out + out_row * p.head_dim + col) =
+              pack_pair<scalar_t>(x0, x1);
+        } else {
+          float* dst = p.partial_out + (out_row * p.num_splits + blockIdx.y) * p.head_dim + col;
+          dst[0] = x0;
+          dst[1] = x1;
+        }
+      }
+      if (p.num_splits > 1 && t4 == 0) {
+        p.partial_lse[out_row * p.num_splits + blockIdx.y] =
+            sum > 0.f ? row_max[mt][hf] + log2f(sum) : -INFINITY;
+      }
     }
   }
 #endif
 }
 
 // Merges the splits of every output row: one warp per (b, t, query head).
-template <typename scalar_t, typename index_t>
-__global__ void tree_attention_combine_kernel(const TreeAttentionParams<scalar_t, index_t> p) {
+template <typename scalar_t>
+__global__ void tree_attention_combine_kernel(const TreeAttentionParams<scalar_t> p) {
   const int64_t rows = static_cast<int64_t>(p.batch) * p.tokens * p.q_heads;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   const int64_t b = row / (static_cast<int64_t>(p.tokens) * p.q_heads);
-  const int64_t num_keys = clamped_cache_len(p.cache_lens, b, p.capacity, p.tokens) + p.tokens;
-  const int64_t used = ceil_div<int64_t>(num_keys, p.split_keys);  // splits that saw keys
+  const int64_t used = used_splits(request_cache_len(p, b) + p.tokens, p.key_tile, p.num_splits);
   const float* lse = p.partial_lse + row * p.num_splits;
   float top = -INFINITY;
   for (int64_t s = 0; s < used; ++s) top = fmaxf(top, lse[s]);
@@ -464,14 +621,15 @@ __global__ void tree_attention_combine_kernel(const TreeAttentionParams<scalar_t
   }
   float total = 0.f;
   for (int64_t s = 0; s < used; ++s) total += exp2f(lse[s] - top);
+  const float inv_total = 1.f / total;
   const float* part = p.partial_out + row * p.num_splits * p.head_dim;
   for (int d = lane; d < p.head_dim; d += 32) {
     float acc = 0.f;
     for (int64_t s = 0; s < used; ++s) acc = fmaf(exp2f(lse[s] - top), part[s * p.head_dim + d], acc);
-    dst[d] = FloatConvert<scalar_t>::from(acc / total);
+    dst[d] = FloatConvert<scalar_t>::from(acc * inv_total);
   }
 }
 
-#endif  // __CUDACC__
+#endif  // SPECDEC_DEVICE_CODE
 
 }  // namespace specdec

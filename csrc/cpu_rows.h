@@ -1,0 +1,392 @@
+// Vectorised passes over one row of logits for the CPU sampling and verification kernels
+// (csrc/sampling_cpu.h): the validity/argmax scan, the float32 copy, the exp-sum and the
+// candidate gathering of the top-k / top-p selection. AVX-512 with a portable fallback.
+//
+// Sums are taken per chunk of kChunk tokens (lane partials in double, combined in a fixed
+// order) and the chunk sums are added in chunk order, so a row's sums do not depend on how its
+// chunks are spread over threads. They are double sums of float32 terms, as on CUDA and in the
+// reference; only the order of additions differs between the three.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "cpu_simd.h"
+#include "cuda/kernels/sampling.cuh"
+
+namespace specdec {
+namespace rows {
+
+// Tokens per chunk of a row: the unit of the chunk sums and of splitting a row over threads.
+constexpr int64_t kChunk = 4096;
+
+inline int64_t num_chunks(int64_t vocab) { return (vocab + kChunk - 1) / kChunk; }
+
+// What one pass over a row (or part of it) finds.
+struct Scan {
+  bool bad = false;     // some NaN or +Inf
+  bool finite = false;  // some finite value
+  float max = -std::numeric_limits<float>::infinity();
+  int64_t argmax = 0;   // first index of max (meaningless if !finite)
+
+  // Merges the scan of a later part of the row.
+  void merge(const Scan& later) {
+    bad = bad || later.bad;
+    finite = finite || later.finite;
+    if (later.max > max) {
+      max = later.max;
+      argmax = later.argmax;
+    }
+  }
+  bool valid() const { return !bad && finite; }
+};
+
+// ----------------------------------------------------------------------------- portable
+
+template <typename T>
+Scan scan_portable(const T* x, int64_t begin, int64_t end) {
+  Scan s;
+  s.argmax = begin;
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = static_cast<float>(x[i]);
+    s.bad = s.bad || is_nan_or_pos_inf(v);
+    s.finite = s.finite || !is_neg_inf(v);
+    if (v > s.max) {
+      s.max = v;
+      s.argmax = i;
+    }
+  }
+  return s;
+}
+
+// Tokens per block of the block maxima (kChunk is a multiple).
+constexpr int64_t kBlock = 256;
+
+// Copies [begin, end) as float32 while scanning it; block_max[i] gets the largest value of
+// block i (begin is a multiple of kBlock).
+template <typename T>
+Scan copy_scan_portable(const T* x, float* out, int64_t begin, int64_t end, float* block_max) {
+  for (int64_t i = begin; i < end; ++i) out[i] = static_cast<float>(x[i]);
+  for (int64_t b = begin; b < end; b += kBlock)
+    block_max[b / kBlock] = scan_portable(out, b, std::min(end, b + kBlock)).max;
+  return scan_portable(out, begin, end);
+}
+
+// Sum of the weights w = specdec_exp((l - M) * invT) >= min_weight over [begin, end); with
+// `entropy`, also the sum of w * (l - M) * invT (typical acceptance). Eight double partials,
+// combined in a fixed order.
+inline void exp_sum_portable(const float* l, int64_t begin, int64_t end, float max_logit,
+                             float inv_temperature, float min_weight, double* sum,
+                             double* entropy) {
+  double part[8] = {}, ent[8] = {};
+  for (int64_t i = begin; i < end; ++i) {
+    const float a = mul_rn(sub_rn(l[i], max_logit), inv_temperature);
+    const float raw = specdec_exp(a);
+    const float w = raw >= min_weight ? raw : 0.0f;
+    part[(i - begin) & 7] += w;
+    if (entropy != nullptr && w > 0.0f) ent[(i - begin) & 7] += mul_rn(w, a);
+  }
+  *sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  if (entropy != nullptr)
+    *entropy = ((ent[0] + ent[1]) + (ent[2] + ent[3])) + ((ent[4] + ent[5]) + (ent[6] + ent[7]));
+}
+
+inline void write_probs_portable(const float* l, int64_t begin, int64_t end, const RowFilter& f,
+                                 float* out) {
+  for (int64_t x = begin; x < end; ++x) out[x] = f.prob(l[x]);
+}
+
+inline int64_t gather_portable(const float* l, int64_t begin, int64_t end, float floor_value,
+                               int32_t* out) {
+  int64_t n = 0;
+  for (int64_t i = begin; i < end; ++i)
+    if (l[i] >= floor_value) out[n++] = static_cast<int32_t>(i);
+  return n;
+}
+
+inline int64_t count_portable(const float* l, int64_t begin, int64_t end, float floor_value) {
+  int64_t n = 0;
+  for (int64_t i = begin; i < end; ++i) n += l[i] >= floor_value;
+  return n;
+}
+
+#if SPECDEC_X86
+// ----------------------------------------------------------------------------- AVX-512
+
+// 16 values as float32 (widened exactly); masked-off lanes read as `fill`.
+SPECDEC_TARGET_AVX512 inline __m512 load_f32(const float* p, __mmask16 m, __m512 fill) {
+  return _mm512_mask_loadu_ps(fill, m, p);
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_f32(const c10::BFloat16* p, __mmask16 m, __m512 fill) {
+  return _mm512_mask_blend_ps(m, fill, simd::bf16_to_f32(_mm256_maskz_loadu_epi16(m, p)));
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_f32(const c10::Half* p, __mmask16 m, __m512 fill) {
+  return _mm512_mask_blend_ps(m, fill, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)));
+}
+
+SPECDEC_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+template <typename T>
+SPECDEC_TARGET_AVX512 Scan scan_avx512(const T* x, int64_t begin, int64_t end) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 float_max = _mm512_set1_ps(kFloatMax);
+  __m512 best = neg_inf;
+  __m512i best_index = _mm512_setzero_si512();
+  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i step = _mm512_set1_epi32(16);
+  __mmask16 bad = 0, finite = 0;
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 m = tail_mask(end - i);
+    const __m512 v = load_f32(x + i, m, neg_inf);
+    bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);   // NaN or +Inf
+    finite |= _mm512_cmp_ps_mask(v, float_max, _CMP_LE_OQ) &
+              _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+    const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // first occurrence per lane
+    best = _mm512_mask_blend_ps(greater, best, v);
+    best_index = _mm512_mask_blend_epi32(greater, best_index, index);
+    index = _mm512_add_epi32(index, step);
+  }
+  Scan s;
+  s.bad = bad != 0;
+  s.finite = finite != 0;
+  s.max = _mm512_reduce_max_ps(best);
+  const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
+  s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
+  return s;
+}
+
+template <typename T>
+SPECDEC_TARGET_AVX512 Scan copy_scan_avx512(const T* x, float* out, int64_t begin, int64_t end,
+                                            float* block_max) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 float_max = _mm512_set1_ps(kFloatMax);
+  __m512 best = neg_inf;
+  __m512i best_index = _mm512_setzero_si512();
+  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i step = _mm512_set1_epi32(16);
+  __mmask16 bad = 0, finite = 0;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t block_end = std::min(end, b + kBlock);
+    __m512 block = neg_inf;
+    for (int64_t i = b; i < block_end; i += 16) {
+      const __mmask16 m = tail_mask(block_end - i);
+      const __m512 v = load_f32(x + i, m, neg_inf);
+      _mm512_mask_storeu_ps(out + i, m, v);
+      bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);
+      finite |= _mm512_cmp_ps_mask(v, float_max, _CMP_LE_OQ) &
+                _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+      block = _mm512_max_ps(v, block);
+      const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+      best = _mm512_mask_blend_ps(greater, best, v);
+      best_index = _mm512_mask_blend_epi32(greater, best_index, index);
+      index = _mm512_add_epi32(index, step);
+    }
+    block_max[b / kBlock] = _mm512_reduce_max_ps(block);
+  }
+  Scan s;
+  s.bad = bad != 0;
+  s.finite = finite != 0;
+  s.max = _mm512_reduce_max_ps(best);
+  const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
+  s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
+  return s;
+}
+
+// Adds the 16 float lanes to two double accumulators (8 lanes each).
+SPECDEC_TARGET_AVX512 inline void add_wide(__m512 v, __m512d& lo, __m512d& hi) {
+  lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+  hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+}
+
+SPECDEC_TARGET_AVX512 inline double finish_wide(__m512d lo, __m512d hi) {
+  const __m512d s = _mm512_add_pd(lo, hi);
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+SPECDEC_TARGET_AVX512 inline void exp_sum_avx512(const float* l, int64_t begin, int64_t end,
+                                                 float max_logit, float inv_temperature,
+                                                 float min_weight, double* sum, double* entropy) {
+  const __m512 floor_w = _mm512_set1_ps(min_weight);
+  const __m512 m = _mm512_set1_ps(max_logit);
+  const __m512 inv_t = _mm512_set1_ps(inv_temperature);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512d s_lo = _mm512_setzero_pd(), s_hi = _mm512_setzero_pd();
+  __m512d e_lo = _mm512_setzero_pd(), e_hi = _mm512_setzero_pd();
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 k = tail_mask(end - i);
+    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(neg_inf, k, l + i), m), inv_t);
+    const __m512 raw = simd::exp16(a);  // 0 on masked-off lanes (-inf)
+    const __m512 w = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(raw, floor_w, _CMP_GE_OQ), raw);
+    add_wide(w, s_lo, s_hi);
+    if (entropy != nullptr) {
+      const __mmask16 positive = _mm512_cmp_ps_mask(w, _mm512_setzero_ps(), _CMP_GT_OQ);
+      add_wide(_mm512_maskz_mul_ps(positive, w, a), e_lo, e_hi);
+    }
+  }
+  *sum = finish_wide(s_lo, s_hi);
+  if (entropy != nullptr) *entropy = finish_wide(e_lo, e_hi);
+}
+
+// float_key of 16 lanes.
+SPECDEC_TARGET_AVX512 inline __m512i float_keys(__m512 v) {
+  __m512i bits = _mm512_castps_si512(v);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(bits, sign), _mm512_setzero_si512());
+  const __mmask16 negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+  return _mm512_mask_blend_epi32(negative, _mm512_or_si512(bits, sign),
+                                 _mm512_xor_si512(bits, _mm512_set1_epi32(-1)));
+}
+
+SPECDEC_TARGET_AVX512 inline void write_probs_avx512(const float* l, int64_t begin, int64_t end,
+                                                     const RowFilter& f, float* out) {
+  const __m512 m = _mm512_set1_ps(f.max_logit);
+  const __m512 inv_t = _mm512_set1_ps(f.inv_temperature);
+  const __m512 floor_w = _mm512_set1_ps(f.min_weight);
+  const __m512 total = _mm512_set1_ps(f.total);
+  const __m512i min_key = _mm512_set1_epi32(static_cast<int32_t>(f.min_key));
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 k = tail_mask(end - i);
+    const __m512 v = _mm512_maskz_loadu_ps(k, l + i);
+    const __m512 raw = simd::exp16(_mm512_mul_ps(_mm512_sub_ps(v, m), inv_t));
+    const __mmask16 kept = _mm512_cmp_ps_mask(raw, floor_w, _CMP_GE_OQ) &
+                           _mm512_cmp_epu32_mask(float_keys(v), min_key, _MM_CMPINT_NLT);
+    _mm512_mask_storeu_ps(out + i, k, _mm512_div_ps(_mm512_maskz_mov_ps(kept, raw), total));
+  }
+}
+
+// Compress-stores to memory are microcoded (slow) on some CPUs: compress in registers and
+// store all 16 lanes; `out` has 16 entries of slack.
+SPECDEC_TARGET_AVX512 inline int64_t gather_avx512(const float* l, int64_t begin, int64_t end,
+                                                   float floor_value, int32_t* out) {
+  const __m512 f = _mm512_set1_ps(floor_value);
+  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
+                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i step = _mm512_set1_epi32(16);
+  int64_t n = 0;
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 k = tail_mask(end - i);
+    const __mmask16 keep = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, l + i), f, _CMP_GE_OQ);
+    if (keep != 0) {
+      _mm512_storeu_si512(out + n, _mm512_maskz_compress_epi32(keep, index));
+      n += __builtin_popcount(keep);
+    }
+    index = _mm512_add_epi32(index, step);
+  }
+  return n;
+}
+
+// keys[i] = float_key(l[ids[i]]) and weights[i] = specdec_exp((l[ids[i]] - M) * invT).
+SPECDEC_TARGET_AVX512 inline void keys_and_weights_avx512(const float* l, const int32_t* ids,
+                                                          int64_t n, float max_logit,
+                                                          float inv_temperature, uint32_t* keys,
+                                                          float* weights) {
+  const __m512 m = _mm512_set1_ps(max_logit);
+  const __m512 inv_t = _mm512_set1_ps(inv_temperature);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = tail_mask(n - i);
+    const __m512i idx = _mm512_maskz_loadu_epi32(k, ids + i);
+    const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), k, idx, l, 4);
+    _mm512_mask_storeu_epi32(keys + i, k, float_keys(v));
+    _mm512_mask_storeu_ps(weights + i, k, simd::exp16(_mm512_mul_ps(_mm512_sub_ps(v, m), inv_t)));
+  }
+}
+
+SPECDEC_TARGET_AVX512 inline int64_t count_avx512(const float* l, int64_t begin, int64_t end,
+                                                  float floor_value) {
+  const __m512 f = _mm512_set1_ps(floor_value);
+  int64_t n = 0;
+  for (int64_t i = begin; i < end; i += 16) {
+    const __mmask16 k = tail_mask(end - i);
+    n += __builtin_popcount(_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, l + i), f, _CMP_GE_OQ));
+  }
+  return n;
+}
+#endif  // SPECDEC_X86
+
+// ----------------------------------------------------------------------------- dispatch
+
+inline bool use_avx512() { return SPECDEC_X86 && simd::max_level() >= simd::kAvx512; }
+
+template <typename T>
+constexpr bool kVectorised = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> ||
+                             std::is_same_v<T, c10::Half>;
+
+template <typename T>
+Scan scan(const T* x, int64_t begin, int64_t end) {
+#if SPECDEC_X86
+  if constexpr (kVectorised<T>)
+    if (use_avx512()) return scan_avx512(x, begin, end);
+#endif
+  return scan_portable(x, begin, end);
+}
+
+template <typename T>
+Scan copy_scan(const T* x, float* out, int64_t begin, int64_t end, float* block_max) {
+#if SPECDEC_X86
+  if constexpr (kVectorised<T>)
+    if (use_avx512()) return copy_scan_avx512(x, out, begin, end, block_max);
+#endif
+  return copy_scan_portable(x, out, begin, end, block_max);
+}
+
+inline void exp_sum(const float* l, int64_t begin, int64_t end, float max_logit,
+                    float inv_temperature, float min_weight, double* sum, double* entropy) {
+#if SPECDEC_X86
+  if (use_avx512())
+    return exp_sum_avx512(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+#endif
+  exp_sum_portable(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+}
+
+// out[x] = p(x) = kept weight / total for x in [begin, end) (RowFilter::prob, vectorised).
+inline void write_probs(const float* l, int64_t begin, int64_t end, const RowFilter& f,
+                        float* out);
+
+inline void write_probs(const float* l, int64_t begin, int64_t end, const RowFilter& f,
+                        float* out) {
+#if SPECDEC_X86
+  if (use_avx512()) return write_probs_avx512(l, begin, end, f, out);
+#endif
+  write_probs_portable(l, begin, end, f, out);
+}
+
+inline int64_t gather_at_least(const float* l, int64_t begin, int64_t end, float floor_value,
+                               int32_t* out) {
+#if SPECDEC_X86
+  if (use_avx512()) return gather_avx512(l, begin, end, floor_value, out);
+#endif
+  return gather_portable(l, begin, end, floor_value, out);
+}
+
+inline void keys_and_weights(const float* l, const int32_t* ids, int64_t n, float max_logit,
+                             float inv_temperature, uint32_t* keys, float* weights) {
+#if SPECDEC_X86
+  if (use_avx512())
+    return keys_and_weights_avx512(l, ids, n, max_logit, inv_temperature, keys, weights);
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    keys[i] = float_key(l[ids[i]]);
+    weights[i] = specdec_exp(mul_rn(sub_rn(l[ids[i]], max_logit), inv_temperature));
+  }
+}
+
+inline int64_t count_at_least(const float* l, int64_t begin, int64_t end, float floor_value) {
+#if SPECDEC_X86
+  if (use_avx512()) return count_avx512(l, begin, end, floor_value);
+#endif
+  return count_portable(l, begin, end, floor_value);
+}
+
+}  // namespace rows
+}  // namespace specdec

@@ -1,0 +1,165 @@
+// CPU kernel of small_batch_linear: out[m, n] = x[m, :] . W[n, :] (+ bias[n]) for the few rows
+// of a decoding or verification forward.
+//
+// Why a kernel of our own: torch runs one row as a matrix-vector product that streams W once,
+// and 2..32 rows as a general GEMM that packs W on every call, so verifying 8 tokens cost
+// 1.5-2x one token here. This kernel streams each weight row once for all M rows: a tile of
+// NR weight rows is loaded once per 16 (32 for bf16) columns and multiplied into MR x rows at a
+// time, so the cost stays near one row's until the FMA units, not memory, become the limit.
+//
+// Batch invariance by construction: out[m, n] is accumulated lane by lane over K in one fixed
+// order (lane l sums columns l, l + 16, ...; then a fixed reduction tree; then the bias),
+// whatever M is, wherever row m sits and however the rows are tiled or the columns split over
+// threads. A row's result is therefore bit-identical alone or in a batch: a verification forward
+// over K tokens yields exactly the logits of one-token decoding. (The result depends on the
+// instruction set, chosen once per process.)
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "cpu_dot.h"
+
+namespace specdec {
+namespace {
+
+using dot::TileTable;
+
+// One call's operands, row-major with leading dimensions (elements).
+template <typename T>
+struct LinearOperands {
+  const T* x;     // [M, K], rows ldx apart
+  const T* w;     // [N, K], rows ldw apart
+  const T* bias;  // [N] or nullptr
+  T* out;         // [M, N], rows ldo apart
+  int64_t ldx, ldw, ldo, M, N, K;
+};
+
+// ----------------------------------------------------------------------------- driver
+
+// Rows per pass over the weights: larger batches (prefill) take several passes, so the rows of
+// a pass stay in cache while the weights stream by; nothing per element changes.
+constexpr int64_t kRowsPerPass = 128;
+
+// out rows [0, M) of one pass.
+template <typename T>
+void linear_pass(const LinearOperands<T>& op, const TileTable& tiles) {
+  const int weight_tile = op.M == 1 ? dot::kSingleRowWeightTile : dot::kWeightTile;
+  const int64_t num_tiles = (op.N + weight_tile - 1) / weight_tile;
+  // Enough weight bytes per task to amortise the scheduling (~64 KB).
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, weight_tile * op.K * sizeof(T)));
+  const int64_t row_tiles = (op.M + dot::kMaxRowTile - 1) / dot::kMaxRowTile;
+  const int64_t k_steps = std::max<int64_t>(1, op.K * static_cast<int64_t>(sizeof(T)) / 64);
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t n0 = tile * weight_tile;
+      const int nr = static_cast<int>(std::min<int64_t>(weight_tile, op.N - n0));
+      const T* w = op.w + n0 * op.ldw;
+      const T* bias = op.bias == nullptr ? nullptr : op.bias + n0;
+      // The next weight tile, fetched while this one is multiplied (contiguous rows only).
+      const bool ahead = tile + 1 < end && op.ldw == op.K;
+      const char* next = ahead ? reinterpret_cast<const char*>(w + weight_tile * op.ldw) : nullptr;
+      const int64_t next_lines = ahead ? std::min<int64_t>(weight_tile, op.N - n0 - weight_tile) * k_steps : 0;
+      const int lines = static_cast<int>((next_lines + row_tiles * k_steps - 1) / (row_tiles * k_steps));
+      if (op.M == 1) {
+        tiles.single[nr - 1](op.x, op.ldx, w, op.ldw, op.K, bias, op.out + n0, op.ldo, next, lines);
+        continue;
+      }
+      // The weight tile stays in cache while every row tile passes over it.
+      for (int64_t m0 = 0; m0 < op.M; m0 += dot::kMaxRowTile) {
+        const int mr = static_cast<int>(std::min<int64_t>(dot::kMaxRowTile, op.M - m0));
+        tiles.table[mr - 1][nr - 1](op.x + m0 * op.ldx, op.ldx, w, op.ldw, op.K, bias,
+                                    op.out + m0 * op.ldo + n0, op.ldo, next, lines);
+        if (next != nullptr) next += static_cast<int64_t>(lines) * k_steps * 64;  // what the tile fetched
+      }
+    }
+  });
+}
+
+template <typename T>
+void linear_rows(const LinearOperands<T>& op, const TileTable& tiles) {
+  for (int64_t m0 = 0; m0 < op.M; m0 += kRowsPerPass) {
+    LinearOperands<T> pass = op;
+    pass.x = op.x + m0 * op.ldx;
+    pass.out = op.out + m0 * op.ldo;
+    pass.M = std::min(kRowsPerPass, op.M - m0);
+    linear_pass(pass, tiles);
+  }
+}
+
+at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
+                                  const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "small_batch_linear: x must have shape [..., K], got ", x.sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 2, "small_batch_linear: weight must have shape [N, K], got ",
+                    weight.sizes());
+  const int64_t K = weight.size(1);
+  const int64_t N = weight.size(0);
+  TORCH_CHECK_VALUE(x.size(-1) == K, "small_batch_linear: x has shape ", x.sizes(),
+                    " but weight has shape ", weight.sizes(), " (the last dims must match)");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16,
+                    "small_batch_linear: x must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK_VALUE(weight.scalar_type() == dtype, "small_batch_linear: weight has dtype ",
+                    weight.scalar_type(), " but x has ", dtype, " (they must match)");
+  TORCH_CHECK_VALUE(weight.device() == x.device(), "small_batch_linear: weight is on ",
+                    weight.device(), " but x is on ", x.device());
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
+                      "small_batch_linear: bias must have shape [", N, "], got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "small_batch_linear: bias has dtype ",
+                      bias->scalar_type(), " but x has ", dtype);
+    TORCH_CHECK_VALUE(bias->device() == x.device(), "small_batch_linear: bias is on ",
+                      bias->device(), " but x is on ", x.device());
+  }
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  int64_t M = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
+  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
+  if (K == 0) {
+    at::Tensor out = at::zeros(out_sizes, x.options());
+    return bias.has_value() ? out.add_(*bias) : out;
+  }
+  const at::Tensor rows = x.reshape({M, K}).contiguous();
+  // Weight rows must have unit column stride; a transposed view would be copied on every call.
+  const at::Tensor w = weight.stride(1) == 1 ? weight : weight.contiguous();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor out = at::empty({M, N}, x.options());
+  const int level = simd::max_level();
+  if (dtype == at::kFloat) {
+    const LinearOperands<float> op{rows.const_data_ptr<float>(), w.const_data_ptr<float>(),
+                                   b.defined() ? b.const_data_ptr<float>() : nullptr,
+                                   out.mutable_data_ptr<float>(), K, w.stride(0), N, M, N, K};
+    linear_rows(op, dot::tiles_for<float>(level));
+  } else {
+    using bf16 = c10::BFloat16;
+    const LinearOperands<bf16> op{rows.const_data_ptr<bf16>(), w.const_data_ptr<bf16>(),
+                                  b.defined() ? b.const_data_ptr<bf16>() : nullptr,
+                                  out.mutable_data_ptr<bf16>(), K, w.stride(0), N, M, N, K};
+    linear_rows(op, dot::tiles_for<bf16>(level));
+  }
+  return out.view(out_sizes);
+}
+
+// The instruction set the CPU kernels use; `cap` >= 0 caps it (tests), -1 lifts the cap, any
+// other value only asks.
+std::string cpu_isa(int64_t cap) {
+  if (cap >= -1) {
+    TORCH_CHECK_VALUE(cap <= simd::kAvx512Bf16, "cpu_isa: cap must be -1 .. ", int(simd::kAvx512Bf16),
+                      ", got ", cap);
+    simd::level_cap().store(static_cast<int>(cap));
+  }
+  return simd::level_name(simd::max_level());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("small_batch_linear", &small_batch_linear_cpu); }
+
+// No tensor arguments: one kernel for every backend.
+TORCH_LIBRARY_IMPL(specdec, CompositeImplicitAutograd, m) { m.impl("cpu_isa", &cpu_isa); }
+
+}  // namespace specdec

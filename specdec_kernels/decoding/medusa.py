@@ -1,0 +1,432 @@
+"""Medusa and blockwise parallel decoding: heads on the target's own final-norm hidden state
+propose the next tokens; no draft model runs.
+
+Each step the heads read, through the target-features doorway, the hidden state of the row
+whose logits gave the pending token; head ``k`` guesses the token at depth ``k + 1`` of the
+block rooted at the pending token.
+
+- :class:`MedusaDrafter` (Cai et al. 2024): a static tree of top-k guesses (node = a path of
+  ranks, one per depth), verified in one forward. Greedy requests get the target's greedy
+  output; sampling requests draw every node from its head's distribution ``q`` and go through
+  lossless recursive rejection sampling (``verify_tree``); ``acceptance="typical"`` asks for
+  Medusa's typical acceptance instead (LOSSY when sampling).
+- :class:`BlockwiseDrafter` (Stern et al. 2018): the top-1 of each head as a chain.
+
+The tree (and the blockwise chain length) is derived, not copied: :func:`choose_tree` takes
+each head's rank accuracy (measured on held-out data at training time and saved with the
+heads) and the step-cost curve ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`),
+and keeps the tree that maximises expected tokens per unit of step cost.
+"""
+
+from __future__ import annotations
+
+import heapq
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specdec_kernels.decoding import step
+from specdec_kernels.decoding.cost import StepCost
+from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
+
+__all__ = [
+    "DEFAULT_HEADS",
+    "BlockwiseDrafter",
+    "MedusaDrafter",
+    "TreeChoice",
+    "choose_tree",
+    "default_heads_path",
+    "expected_tokens",
+    "load_default_heads",
+]
+
+#: Package folder of the heads trained for the default model (``specdec train medusa``).
+DEFAULT_HEADS = "medusa/smollm2-135m-instruct"
+
+#: Rank accuracy assumed for heads saved without measured accuracies (e.g. FasterDecoding
+#: checkpoints): head ``k``'s rank ``r`` guess right with probability ``0.6**(k+1) / (r+1)``.
+_PRIOR_DECAY = 0.6
+
+#: Pads head logits outside a draft vocabulary: never drawn, finite for the sampler.
+_NEVER = -1e30
+
+
+def default_heads_path() -> Path:
+    """Folder of the shipped heads for the default model."""
+    return Path(str(resources.files("specdec_kernels.data").joinpath(DEFAULT_HEADS)))
+
+
+def load_default_heads():
+    from specdec_kernels.medusa.heads import load_heads
+
+    return load_heads(default_heads_path())
+
+
+# ---------------------------------------------------------------------------- tree choice
+
+
+class TreeChoice:
+    """A static tree: ``choices`` are rank paths (``(0,)``: head 0's top guess; ``(0, 1)``:
+    head 1's second guess after it), in breadth-first order, every prefix present.
+
+    Attributes
+    ----------
+    choices : list of tuple of int
+    parents : list of int
+        Parent node of every node (node 0, the pending token, has ``-1``).
+    depths, ranks : list of int
+        Depth (1 = head 0) and rank of every non-root node, index ``j - 1`` for node ``j``.
+    expected : float
+        Expected tokens per step (accepted drafts + 1) under the accuracies it was chosen by.
+    cost_ms : float
+        Step cost used for the choice (``c(T)`` + heads), 0 when not derived.
+    """
+
+    def __init__(self, choices, expected: float = 0.0, cost_ms: float = 0.0):
+        choices = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda c: (len(c), c))
+        index = {c: j + 1 for j, c in enumerate(choices)}
+        self.parents = [-1]
+        for c in choices:
+            if not c or min(c) < 0:
+                raise ValueError(f"tree choices must be non-empty rank paths, got {c}")
+            if len(c) > 1 and c[:-1] not in index:
+                raise ValueError(f"tree choice {c} lacks its parent {c[:-1]}")
+            self.parents.append(index[c[:-1]] if len(c) > 1 else 0)
+        self.choices = choices
+        self.depths = [len(c) for c in choices]
+        self.ranks = [c[-1] for c in choices]
+        self.expected = expected
+        self.cost_ms = cost_ms
+
+    @property
+    def size(self) -> int:
+        """Nodes including the root (the verified block's width)."""
+        return len(self.choices) + 1
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths, default=0)
+
+    @property
+    def top_k(self) -> int:
+        return max(self.ranks, default=-1) + 1
+
+    def to_dict(self) -> dict:
+        return {
+            "nodes": self.size,
+            "depth": self.depth,
+            "choices": [list(c) for c in self.choices],
+            "expected_tokens_per_step": round(self.expected, 4),
+            "step_cost_ms": round(self.cost_ms, 3),
+        }
+
+
+def expected_tokens(choices, rank_accuracy) -> float:
+    """Expected tokens per step of a tree: 1 (the target's own token) plus, for every node,
+    the probability that its whole path is right, taking heads as independent with
+    ``rank_accuracy[k][r]`` = P(head ``k``'s rank-``r`` guess is the token)."""
+    total = 1.0
+    for c in choices:
+        p = 1.0
+        for k, r in enumerate(c):
+            row = rank_accuracy[k] if k < len(rank_accuracy) else []
+            p *= row[r] if r < len(row) else 0.0
+        total += p
+    return total
+
+
+def choose_tree(
+    rank_accuracy,
+    step_cost: StepCost,
+    *,
+    head_cost_ms: float = 0.0,
+    max_nodes: int = 64,
+    chain: bool = False,
+) -> TreeChoice:
+    """The static tree that maximises expected tokens per unit of step cost.
+
+    For every size ``n`` the best tree of ``n`` drafted nodes under independent heads is
+    found greedily (a node's path probability never exceeds its parent's, so taking the most
+    probable frontier node first is optimal); the size kept maximises
+    ``expected_tokens(n) / (c(n + 1) + head_cost_ms)``.
+
+    Parameters
+    ----------
+    rank_accuracy : sequence of sequence of float
+        ``[N][K]``: P(head ``k``'s rank-``r`` guess is the token at its depth).
+    step_cost : StepCost
+        ``c(T)``, the target forward over ``T`` tokens.
+    head_cost_ms : float
+        The heads' own cost per step (paid whatever the tree).
+    max_nodes : int
+        Most drafted nodes considered.
+    chain : bool
+        Only rank-0 guesses (blockwise decoding's chain).
+
+    Returns
+    -------
+    TreeChoice
+    """
+    acc = [list(map(float, row)) for row in rank_accuracy]
+    if chain:
+        acc = [row[:1] for row in acc]
+    heads = len(acc)
+    frontier: list = []
+
+    def push(path, p):
+        depth = len(path)
+        if depth < heads:
+            for r, a in enumerate(acc[depth]):
+                if a > 0:
+                    heapq.heappush(frontier, (-(p * a), path + (r,)))
+
+    push((), 1.0)
+    chosen: list = []
+    expected = 1.0
+    best = (1.0 / (step_cost(1) + head_cost_ms), 0, 1.0, step_cost(1) + head_cost_ms)
+    while frontier and len(chosen) < max_nodes:
+        neg, path = heapq.heappop(frontier)
+        chosen.append(path)
+        expected += -neg
+        push(path, -neg)
+        cost = step_cost(len(chosen) + 1) + head_cost_ms
+        if expected / cost > best[0]:
+            best = (expected / cost, len(chosen), expected, cost)
+    _, size, exp, cost = best
+    return TreeChoice(chosen[:size], exp, cost)
+
+
+# ---------------------------------------------------------------------------- drafters
+
+
+class _HeadsDrafter(Drafter):
+    """Shared part of the Medusa and blockwise drafters: heads, their cost, the structure."""
+
+    target_features = "final_norm"
+
+    def __init__(self, heads=None, *, tree=None, cost_curve=None, max_nodes: int = 64):
+        from specdec_kernels.medusa.heads import MedusaHeads, load_heads
+
+        if heads is None:
+            heads = load_default_heads()
+        elif isinstance(heads, (str, Path)):
+            heads = load_heads(heads)
+        if not isinstance(heads, MedusaHeads):
+            raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        self.heads = heads.eval()
+        self.cost_curve = cost_curve
+        self.max_nodes = max_nodes
+        self._given_tree = tree
+        self.tree: TreeChoice | None = None
+        self._lm_head = None
+        self._head_fraction = 0.0
+
+    def rank_accuracy(self) -> list:
+        """Each head's measured rank accuracy (saved at training), or the documented prior."""
+        measured = self.heads.info.get("rank_accuracy")
+        if measured:
+            return [list(row) for row in measured[: self.heads.num_heads]]
+        return [[_PRIOR_DECAY ** (k + 1) / (r + 1) for r in range(10)]
+                for k in range(self.heads.num_heads)]
+
+    def head_cost_fraction(self, runner) -> float:
+        """The heads' cost per step as a fraction of a one-token target step: their weights
+        over the target's (a one-token step reads every weight once; so do the heads)."""
+        heads = sum(p.numel() for p in self.heads.parameters() if p.dim() > 1)
+        if self.heads.projection == "shared":
+            heads += self.heads.num_heads * self.heads.hidden_size * self.heads.output_size
+        embed = runner.model.get_input_embeddings().weight.numel()
+        target = sum(p.numel() for p in runner.model.parameters()) - embed
+        if runner.model.get_output_embeddings().weight is runner.model.get_input_embeddings().weight:
+            target += embed  # tied: the LM head reads the embedding matrix
+        return heads / max(target, 1)
+
+    def bind(self, runner, tokenizer) -> None:
+        hidden = int(runner.config.hidden_size)
+        self.heads.check_target(hidden, runner.vocab_size)
+        self.heads.to(device=runner.device, dtype=runner.dtype)
+        _, _, self._lm_head = runner.decoder_parts()
+        self._head_fraction = self.head_cost_fraction(runner)
+        if self._given_tree is not None:
+            tree = self._given_tree
+            self.tree = tree if isinstance(tree, TreeChoice) else TreeChoice(tree)
+        else:
+            curve = StepCost.load(self.cost_curve)
+            self.tree = choose_tree(
+                self.rank_accuracy(), curve, head_cost_ms=curve(1) * self._head_fraction,
+                max_nodes=self.max_nodes, chain=self._chain,
+            )
+        if self.tree.depth > self.heads.num_heads:
+            raise ValueError(
+                f"the tree is {self.tree.depth} deep; the heads guess {self.heads.num_heads}"
+            )
+        device = runner.device
+        index = dict(dtype=torch.int64, device=device)
+        self._depth_index = torch.tensor([d - 1 for d in self.tree.depths], **index)
+        self._rank_index = torch.tensor(self.tree.ranks, **index)
+        self._depths = torch.tensor([0] + self.tree.depths, **index)
+        self._parents = torch.tensor(self.tree.parents, **index)
+
+    def max_block_width(self) -> int:
+        return self.tree.size if self.tree is not None else self.max_nodes + 1
+
+    def describe(self) -> dict:
+        out = {"name": self.name, "heads": self.heads.num_heads,
+               "projection": self.heads.projection,
+               "draft_vocab": self.heads.output_size}
+        if self.tree is not None:
+            out["tree"] = self.tree.to_dict()
+            out["head_cost_fraction"] = round(self._head_fraction, 5)
+        return out
+
+    def _logits(self, state: DecodeState) -> Tensor:
+        """``[B, N, V']`` head logits from the features of each request's last accepted row."""
+        return self.heads(state.last_features(), self._lm_head)
+
+    def _top_ids(self, logits: Tensor, k: int) -> Tensor:
+        """``[B, N, k]`` full-vocabulary ids of each head's top-k guesses."""
+        top = logits.topk(k, -1).indices
+        ids = self.heads.draft_ids
+        return ids[top] if ids is not None else top
+
+    def _full_vocab(self, logits: Tensor) -> Tensor:
+        """Head logits over the whole vocabulary (float32; outside a draft vocabulary never
+        drawn)."""
+        logits = logits.float()
+        ids = self.heads.draft_ids
+        if ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.heads.vocab_size), _NEVER)
+        return full.index_copy_(-1, ids, logits)
+
+    def _depth_mask(self, state: DecodeState) -> Tensor:
+        """``[B, T]`` nodes each request keeps: no deeper than the tokens it may still emit
+        (so a request's tree depends on itself only)."""
+        limit = torch.tensor([max(r - 1, 0) for r in state.remaining])
+        return self._depths[None, :] <= limit.to(self._depths.device, non_blocking=True)[:, None]
+
+
+class MedusaDrafter(_HeadsDrafter):
+    """Medusa tree decoding.
+
+    Parameters
+    ----------
+    heads : MedusaHeads, str, Path or None
+        The heads, a folder to load them from (this package's format or FasterDecoding's),
+        or ``None`` for the heads shipped for the default model.
+    tree : list of tuple of int or TreeChoice, optional
+        A fixed tree of rank paths; by default derived by :func:`choose_tree` from the heads'
+        rank accuracies and ``cost_curve``.
+    cost_curve : str, Path, dict or StepCost, optional
+        The device's step-cost curve (``bench.cost_curve`` JSON); the shipped CPU curve by
+        default.
+    max_nodes : int
+        Most drafted nodes a derived tree may have.
+    acceptance : str
+        ``"lossless"`` (default): greedy requests verify greedily, sampling ones draw each
+        node from its head's distribution and use recursive rejection sampling (exactly the
+        target's distribution). ``"typical"``: nodes are the top-k guesses and the target
+        accepts a node when ``p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p)))``
+        (Medusa's typical acceptance; LOSSY when sampling, greedy requests unchanged).
+    posterior_threshold, posterior_alpha : float
+        Typical acceptance's ``epsilon`` and ``alpha``: Medusa's defaults 0.09 and 0.3 (its
+        ``medusa_generate``; the reference repo's ``utils.evaluate_posterior`` has the two
+        defaults the other way round).
+    """
+
+    name = "medusa"
+    _chain = False
+
+    def __init__(
+        self,
+        heads=None,
+        *,
+        tree=None,
+        cost_curve=None,
+        max_nodes: int = 64,
+        acceptance: str = "lossless",
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+    ):
+        super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
+        if acceptance not in ("lossless", "typical"):
+            raise ValueError(f"acceptance must be 'lossless' or 'typical', got {acceptance!r}")
+        if not 0 < posterior_threshold <= 1 or not 0 < posterior_alpha <= 1:
+            raise ValueError(
+                f"posterior_threshold and posterior_alpha must be in (0, 1], got "
+                f"{posterior_threshold}, {posterior_alpha}"
+            )
+        self.acceptance = acceptance
+        self.typical = (float(posterior_threshold), float(posterior_alpha))
+
+    def describe(self) -> dict:
+        out = super().describe()
+        out["acceptance"] = self.acceptance
+        if self.acceptance == "typical":
+            out["posterior_threshold"], out["posterior_alpha"] = self.typical
+        return out
+
+    def propose(self, state: DecodeState) -> TreeProposal:
+        batch, size = state.batch, self.tree.size
+        logits = self._logits(state)
+        probs = None
+        if state.greedy or self.acceptance == "typical":
+            top = self._top_ids(logits, max(self.tree.top_k, 1))  # [B, N, k]
+            drafts = top[:, self._depth_index, self._rank_index]  # [B, T - 1]
+        else:
+            # Every node is an independent draw from its head's processed distribution q.
+            rows = self._full_vocab(logits)[:, self._depth_index]  # [B, T - 1, V]
+            index = torch.arange(batch, device=rows.device).repeat_interleave(size - 1)
+            params = step.select_params(state.draft_params, index)
+            offsets = (state.offsets[:, None] + torch.arange(1, size, device=rows.device))
+            drafts, q = step.sample_with_probs(
+                rows.reshape(batch * (size - 1), -1), params, offsets.reshape(-1)
+            )
+            drafts = drafts.view(batch, size - 1)
+            probs = torch.cat([q.new_zeros(batch, 1, q.shape[-1]), q.view(batch, size - 1, -1)], 1)
+        tokens = torch.cat([state.pending[:, None], drafts], 1)
+        keep = self._depth_mask(state)
+        parents = torch.where(keep, self._parents[None, :], torch.full_like(tokens, -2))
+        tokens = torch.where(keep, tokens, torch.zeros_like(tokens))
+        depths = [min(self.tree.depth, max(r - 1, 0)) for r in state.remaining]
+        return TreeProposal(
+            tokens, parents, depths, probs,
+            typical=self.typical if self.acceptance == "typical" else None,
+        )
+
+
+class BlockwiseDrafter(_HeadsDrafter):
+    """Blockwise parallel decoding: each head's top guess, as a chain verified in one forward
+    (lossless for greedy and sampling requests alike: fixed drafts, one-hot q).
+
+    Parameters
+    ----------
+    heads, cost_curve, max_nodes
+        As in :class:`MedusaDrafter`; the chain's length is derived the same way (rank-0
+        guesses only), at most the number of heads.
+    num_draft : int, optional
+        A fixed chain length instead.
+    """
+
+    name = "blockwise"
+    _chain = True
+
+    def __init__(self, heads=None, *, num_draft: int | None = None, cost_curve=None,
+                 max_nodes: int = 64):
+        tree = None
+        if num_draft is not None:
+            if num_draft < 1:
+                raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+            tree = [(0,) * d for d in range(1, num_draft + 1)]
+        super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
+
+    def propose(self, state: DecodeState) -> ChainProposal:
+        k = self.tree.depth
+        top = self._top_ids(self._logits(state), 1)[:, :k, 0].contiguous()  # [B, K]
+        depths = [min(k, max(r - 1, 0)) for r in state.remaining]
+        num_draft = torch.tensor(depths, dtype=torch.int64).to(top.device, non_blocking=True)
+        return ChainProposal(top, num_draft, depths)
