@@ -28,16 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 
+from specdec_kernels.decoding.cost import StepCost
+
 
 def interpolate(curve: dict, width: float) -> float:
     """c(width) from measured points {T: ms}, linear between neighbours, clamped at the ends."""
-    points = sorted((int(t), ms) for t, ms in curve.items())
-    if width <= points[0][0]:
-        return points[0][1]
-    for (t0, c0), (t1, c1) in zip(points, points[1:]):
-        if width <= t1:
-            return c0 + (c1 - c0) * (width - t0) / (t1 - t0)
-    return points[-1][1]
+    return StepCost(curve)(width)
 
 
 def mean_step_cost(latencies: dict, width_counts: dict | None, mean_width: float) -> float:

@@ -133,47 +133,59 @@ SPECDEC_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-template <typename T>
-SPECDEC_TARGET_AVX512 Scan scan_avx512(const T* x, int64_t begin, int64_t end) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 float_max = _mm512_set1_ps(kFloatMax);
-  __m512 best = neg_inf;
-  __m512i best_index = _mm512_setzero_si512();
-  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
-                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i step = _mm512_set1_epi32(16);
+// Running max, first argmax and NaN/+Inf/finite flags over 16 lanes of a row being scanned.
+struct ScanLanes {
+  __m512 best;
+  __m512i best_index;
+  __m512i index;  // the row index of each lane's next value
   __mmask16 bad = 0, finite = 0;
-  for (int64_t i = begin; i < end; i += 16) {
-    const __mmask16 m = tail_mask(end - i);
-    const __m512 v = load_f32(x + i, m, neg_inf);
-    bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);   // NaN or +Inf
+
+  SPECDEC_TARGET_AVX512 explicit ScanLanes(int64_t begin)
+      : best(_mm512_set1_ps(-std::numeric_limits<float>::infinity())),
+        best_index(_mm512_setzero_si512()),
+        index(_mm512_add_epi32(
+            _mm512_set1_epi32(static_cast<int32_t>(begin)),
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))) {}
+
+  // The next 16 values (masked-off lanes already -inf).
+  SPECDEC_TARGET_AVX512 inline void add(__m512 v) {
+    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    const __m512 float_max = _mm512_set1_ps(kFloatMax);
+    bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);  // NaN or +Inf
     finite |= _mm512_cmp_ps_mask(v, float_max, _CMP_LE_OQ) &
               _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
     const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // first occurrence per lane
     best = _mm512_mask_blend_ps(greater, best, v);
     best_index = _mm512_mask_blend_epi32(greater, best_index, index);
-    index = _mm512_add_epi32(index, step);
+    index = _mm512_add_epi32(index, _mm512_set1_epi32(16));
   }
-  Scan s;
-  s.bad = bad != 0;
-  s.finite = finite != 0;
-  s.max = _mm512_reduce_max_ps(best);
-  const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
-  s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
-  return s;
+
+  SPECDEC_TARGET_AVX512 inline Scan finish(int64_t begin) const {
+    Scan s;
+    s.bad = bad != 0;
+    s.finite = finite != 0;
+    s.max = _mm512_reduce_max_ps(best);
+    const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
+    s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
+    return s;
+  }
+};
+
+template <typename T>
+SPECDEC_TARGET_AVX512 Scan scan_avx512(const T* x, int64_t begin, int64_t end) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  ScanLanes lanes(begin);
+  for (int64_t i = begin; i < end; i += 16) lanes.add(load_f32(x + i, tail_mask(end - i), neg_inf));
+  return lanes.finish(begin);
 }
 
+// scan_avx512 that also copies the row to `out` as float32 and writes the max of each
+// kBlock-long block to `block_max`.
 template <typename T>
 SPECDEC_TARGET_AVX512 Scan copy_scan_avx512(const T* x, float* out, int64_t begin, int64_t end,
                                             float* block_max) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 float_max = _mm512_set1_ps(kFloatMax);
-  __m512 best = neg_inf;
-  __m512i best_index = _mm512_setzero_si512();
-  __m512i index = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
-                                   _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-  const __m512i step = _mm512_set1_epi32(16);
-  __mmask16 bad = 0, finite = 0;
+  ScanLanes lanes(begin);
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t block_end = std::min(end, b + kBlock);
     __m512 block = neg_inf;
@@ -181,24 +193,12 @@ SPECDEC_TARGET_AVX512 Scan copy_scan_avx512(const T* x, float* out, int64_t begi
       const __mmask16 m = tail_mask(block_end - i);
       const __m512 v = load_f32(x + i, m, neg_inf);
       _mm512_mask_storeu_ps(out + i, m, v);
-      bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);
-      finite |= _mm512_cmp_ps_mask(v, float_max, _CMP_LE_OQ) &
-                _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
       block = _mm512_max_ps(v, block);
-      const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
-      best = _mm512_mask_blend_ps(greater, best, v);
-      best_index = _mm512_mask_blend_epi32(greater, best_index, index);
-      index = _mm512_add_epi32(index, step);
+      lanes.add(v);
     }
     block_max[b / kBlock] = _mm512_reduce_max_ps(block);
   }
-  Scan s;
-  s.bad = bad != 0;
-  s.finite = finite != 0;
-  s.max = _mm512_reduce_max_ps(best);
-  const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
-  s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
-  return s;
+  return lanes.finish(begin);
 }
 
 // Adds the 16 float lanes to two double accumulators (8 lanes each).

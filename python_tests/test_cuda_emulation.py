@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from python_tests import emulation
-from python_tests.test_kv_cache import random_accepts, random_block_tables
+from python_tests.test_kv_cache import random_accepts, random_paged_accepts
 from python_tests.test_tree_attention import (
     assert_flash_rule,
     make_case,
@@ -166,17 +166,10 @@ def test_compact(gen, dtype, head_dim, max_accepted):
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 def test_compact_paged(gen, block_size):
     batch, heads, max_blocks, head_dim = 6, 2, 9, 64
-    allocated = torch.randint(1, max_blocks + 1, (batch,), generator=gen).tolist()
-    tables = random_block_tables(batch, max_blocks, sum(allocated) + 3, allocated, gen)
-    cache_lens = [int(torch.randint(0, a * block_size, (1,), generator=gen)) for a in allocated]
-    positions = torch.full((batch, 5), -1, dtype=torch.int64)
-    counts = torch.zeros(batch, dtype=torch.int64)
-    for b, (start, a) in enumerate(zip(cache_lens, allocated)):
-        room = a * block_size - start
-        n = int(torch.randint(0, min(5, room) + 1, (1,), generator=gen))
-        positions[b, :n] = start + torch.randperm(room, generator=gen)[:n]
-        counts[b] = n
-    shape = (sum(allocated) + 3, block_size, heads, head_dim)
+    num_blocks, tables, cache_lens, positions, counts = random_paged_accepts(
+        batch, max_blocks, block_size, gen
+    )
+    shape = (num_blocks, block_size, heads, head_dim)
     caches = [torch.randn(shape, generator=gen).half() for _ in range(2)]
     expected = [c.clone() for c in caches]
     lens, expected_lens = torch.tensor(cache_lens), torch.tensor(cache_lens)

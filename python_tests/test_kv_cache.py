@@ -141,24 +141,39 @@ def random_block_tables(batch, max_blocks, num_blocks, allocated, gen):
     return tables
 
 
+def random_paged_accepts(batch, max_blocks, block_size, gen, slots=5):
+    """A random paged layout and accepted rows: each request gets 1..max_blocks blocks (3
+    spare blocks in the pool), a cache length inside them and up to ``slots`` distinct accepted
+    positions (``-1`` padded) between that length and the end of its blocks.
+
+    Returns
+    -------
+    num_blocks, tables ``[batch, max_blocks]``, cache_lens (list), positions ``[batch, slots]``,
+    counts ``[batch]``
+    """
+    allocated = torch.randint(1, max_blocks + 1, (batch,), generator=gen).tolist()
+    num_blocks = sum(allocated) + 3
+    tables = random_block_tables(batch, max_blocks, num_blocks, allocated, gen)
+    cache_lens = [int(torch.randint(0, a * block_size, (1,), generator=gen)) for a in allocated]
+    positions = torch.full((batch, slots), -1, dtype=torch.int64)
+    counts = torch.zeros(batch, dtype=torch.int64)
+    for b, (start, a) in enumerate(zip(cache_lens, allocated)):
+        room = a * block_size - start
+        n = int(torch.randint(0, min(slots, room) + 1, (1,), generator=gen))
+        positions[b, :n] = start + torch.randperm(room, generator=gen)[:n]
+        counts[b] = n
+    return num_blocks, tables, cache_lens, positions, counts
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("head_dim", [40, 128])
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
 def test_compact_paged_matches_reference(device, gen, dtype, head_dim, block_size, index_dtype):
     batch, heads, max_blocks, layers = 7, 3, 9, 2
-    capacity = max_blocks * block_size
-    allocated = torch.randint(1, max_blocks + 1, (batch,), generator=gen).tolist()
-    num_blocks = sum(allocated) + 3
-    tables = random_block_tables(batch, max_blocks, num_blocks, allocated, gen)
-    cache_lens = [int(torch.randint(0, a * block_size, (1,), generator=gen)) for a in allocated]
-    positions = torch.full((batch, 5), -1, dtype=torch.int64)
-    counts = torch.zeros(batch, dtype=torch.int64)
-    for b, (start, a) in enumerate(zip(cache_lens, allocated)):
-        room = a * block_size - start
-        n = int(torch.randint(0, min(5, room) + 1, (1,), generator=gen))
-        positions[b, :n] = start + torch.randperm(room, generator=gen)[:n]
-        counts[b] = n
+    num_blocks, tables, cache_lens, positions, counts = random_paged_accepts(
+        batch, max_blocks, block_size, gen
+    )
     caches = random_caches(2 * layers, (num_blocks, block_size, heads, head_dim), dtype, device, gen)
     expected = [c.clone() for c in caches]
     idx = lambda t: as_index(t, index_dtype, device)  # noqa: E731
@@ -171,7 +186,6 @@ def test_compact_paged_matches_reference(device, gen, dtype, head_dim, block_siz
     assert torch.equal(lens, expected_lens)
     for got, want in zip(caches, expected):
         assert torch.equal(got, want)
-    del capacity
 
 
 def forked_tables(fork_len, block_size, tails):

@@ -118,6 +118,26 @@ def _output_rows(probs: Tensor, indices: Optional[Tensor]) -> int:
     return indices.shape[0] if indices is not None else probs.shape[0]
 
 
+_FILTER_DTYPES = {"top_k": torch.int64, "top_p": torch.float32, "min_p": torch.float32}
+
+
+def _probs_as_logits(probs: Tensor, check_nan: bool) -> tuple[Tensor, Tensor]:
+    """``log(probs)`` and the rows that are a distribution, after the shape and NaN checks."""
+    _check_2d(probs, "probs")
+    if check_nan:
+        _check_nan(probs, "probs")
+    return log_probs(probs)
+
+
+def _filter_columns(rows: Tensor, indices: Optional[Tensor], **filters) -> dict:
+    """Each filter as a ``[batch_size]`` column of its dtype (FlashInfer's shape errors)."""
+    n, device = _output_rows(rows, indices), rows.device
+    return {
+        name: param_column(value, n, _FILTER_DTYPES[name], device, name)
+        for name, value in filters.items()
+    }
+
+
 def softmax(
     logits: Tensor, temperature: Optional[Param] = None, enable_pdl: Optional[bool] = None
 ) -> Tensor:
@@ -215,19 +235,9 @@ def sampling_from_probs(
     Tensor or (Tensor, Tensor)
         ``[batch_size]`` samples, and ``valid`` when ``return_valid``.
     """
-    _check_2d(probs, "probs")
-    if check_nan:
-        _check_nan(probs, "probs")
-    logits, valid = log_probs(probs)
-    return _draw(
-        logits,
-        valid,
-        indices,
-        generator=generator,
-        seed=seed,
-        offset=offset,
-        return_valid=return_valid,
-    )
+    logits, valid = _probs_as_logits(probs, check_nan)
+    stream = dict(generator=generator, seed=seed, offset=offset)
+    return _draw(logits, valid, indices, return_valid=return_valid, **stream)
 
 
 def top_p_sampling_from_probs(
@@ -253,22 +263,10 @@ def top_p_sampling_from_probs(
     indices, deterministic, generator, check_nan, seed, offset, return_valid
         As in :func:`sampling_from_probs`.
     """
-    _check_2d(probs, "probs")
-    if check_nan:
-        _check_nan(probs, "probs")
-    n, device = _output_rows(probs, indices), probs.device
-    top_p = param_column(top_p, n, torch.float32, device, "top_p")
-    logits, valid = log_probs(probs)
-    return _draw(
-        logits,
-        valid,
-        indices,
-        generator=generator,
-        seed=seed,
-        offset=offset,
-        return_valid=return_valid,
-        top_p=top_p,
-    )
+    logits, valid = _probs_as_logits(probs, check_nan)
+    stream = dict(generator=generator, seed=seed, offset=offset)
+    columns = _filter_columns(probs, indices, top_p=top_p)
+    return _draw(logits, valid, indices, return_valid=return_valid, **stream, **columns)
 
 
 def top_k_sampling_from_probs(
@@ -294,22 +292,10 @@ def top_k_sampling_from_probs(
     indices, deterministic, generator, check_nan, seed, offset, return_valid
         As in :func:`sampling_from_probs`.
     """
-    _check_2d(probs, "probs")
-    if check_nan:
-        _check_nan(probs, "probs")
-    n, device = _output_rows(probs, indices), probs.device
-    top_k = param_column(top_k, n, torch.int64, device, "top_k")
-    logits, valid = log_probs(probs)
-    return _draw(
-        logits,
-        valid,
-        indices,
-        generator=generator,
-        seed=seed,
-        offset=offset,
-        return_valid=return_valid,
-        top_k=top_k,
-    )
+    logits, valid = _probs_as_logits(probs, check_nan)
+    stream = dict(generator=generator, seed=seed, offset=offset)
+    columns = _filter_columns(probs, indices, top_k=top_k)
+    return _draw(logits, valid, indices, return_valid=return_valid, **stream, **columns)
 
 
 def min_p_sampling_from_probs(
@@ -335,25 +321,14 @@ def min_p_sampling_from_probs(
     indices, deterministic, generator, check_nan, seed, offset, return_valid
         As in :func:`sampling_from_probs`.
     """
-    _check_2d(probs, "probs")
-    if check_nan:
-        _check_nan(probs, "probs")
-    n, device = _output_rows(probs, indices), probs.device
-    min_p = param_column(min_p, n, torch.float32, device, "min_p")
+    logits, valid = _probs_as_logits(probs, check_nan)
+    stream = dict(generator=generator, seed=seed, offset=offset)
+    min_p = _filter_columns(probs, indices, min_p=min_p)["min_p"]
     # min_p = 1 keeps p >= max(p): exactly the top-1 set with ties (the ops take min_p < 1).
     only_max = min_p == 1
-    logits, valid = log_probs(probs)
-    return _draw(
-        logits,
-        valid,
-        indices,
-        generator=generator,
-        seed=seed,
-        offset=offset,
-        return_valid=return_valid,
-        top_k=only_max.to(torch.int64),
-        min_p=torch.where(only_max, torch.zeros_like(min_p), min_p),
-    )
+    kept_min_p = torch.where(only_max, torch.zeros_like(min_p), min_p)
+    return _draw(logits, valid, indices, return_valid=return_valid, **stream,
+                 top_k=only_max.to(torch.int64), min_p=kept_min_p)
 
 
 def _top_k_top_p(
@@ -363,29 +338,19 @@ def _top_k_top_p(
     top_p: Param,
     indices: Optional[Tensor],
     filter_apply_order: str,
-    generator,
-    seed,
-    offset,
+    stream: dict,
     return_valid: bool,
 ):
-    n, device = _output_rows(logits, indices), logits.device
-    top_k = param_column(top_k, n, torch.int64, device, "top_k")
-    top_p = param_column(top_p, n, torch.float32, device, "top_p")
+    """Top-k and top-p sampling in FlashInfer's two filter orders; ``stream`` holds the
+    ``generator``/``seed``/``offset`` keywords of :func:`_draw`."""
+    columns = _filter_columns(logits, indices, top_k=top_k, top_p=top_p)
     if filter_apply_order == "top_k_first":
         # Top-k, then top-p over the renormalised top-k set: the ops' own order.
-        return _draw(
-            logits,
-            valid,
-            indices,
-            generator=generator,
-            seed=seed,
-            offset=offset,
-            return_valid=return_valid,
-            top_k=top_k,
-            top_p=top_p,
-        )
+        return _draw(logits, valid, indices, return_valid=return_valid, **stream, **columns)
     if filter_apply_order != "joint":
         raise ValueError(f"Invalid filter_apply_order: {filter_apply_order}")
+    top_k, top_p = columns["top_k"], columns["top_p"]
+    n, device = top_k.shape[0], logits.device
     # Joint: in the top-k set and in the top-p set of the whole distribution. Both sets are
     # prefixes of the sorted vocabulary, so the top-p set first, then top-k within it.
     rows = _rows(logits, indices).contiguous()
@@ -393,16 +358,7 @@ def _top_k_top_p(
     nucleus = ops.sample_with_probs(rows, make_params(n, device, zeros, top_p=top_p))[1]
     masked = torch.where(nucleus > 0, rows, torch.full_like(rows, float("-inf")))
     row_valid = None if valid is None else _rows(valid, indices)
-    result = _draw(
-        masked,
-        row_valid,
-        None,
-        generator=generator,
-        seed=seed,
-        offset=offset,
-        return_valid=return_valid,
-        top_k=top_k,
-    )
+    result = _draw(masked, row_valid, None, return_valid=return_valid, **stream, top_k=top_k)
     if indices is None:
         return result
     if isinstance(result, tuple):
@@ -437,21 +393,10 @@ def top_k_top_p_sampling_from_probs(
     indices, deterministic, generator, check_nan, seed, offset, return_valid
         As in :func:`sampling_from_probs`.
     """
-    _check_2d(probs, "probs")
-    if check_nan:
-        _check_nan(probs, "probs")
-    logits, valid = log_probs(probs)
+    logits, valid = _probs_as_logits(probs, check_nan)
+    stream = dict(generator=generator, seed=seed, offset=offset)
     return _top_k_top_p(
-        logits,
-        valid,
-        top_k,
-        top_p,
-        indices,
-        filter_apply_order,
-        generator,
-        seed,
-        offset,
-        return_valid,
+        logits, valid, top_k, top_p, indices, filter_apply_order, stream, return_valid
     )
 
 
@@ -485,26 +430,20 @@ def top_k_top_p_sampling_from_logits(
     _check_2d(logits, "logits")
     if check_nan:
         _check_nan(logits, "logits")
+    stream = dict(generator=generator, seed=seed, offset=offset)
     return _top_k_top_p(
-        logits.contiguous(),
-        None,
-        top_k,
-        top_p,
-        indices,
-        filter_apply_order,
-        generator,
-        seed,
-        offset,
-        False,
+        logits.contiguous(), None, top_k, top_p, indices, filter_apply_order, stream, False
     )
 
 
 def _renorm(probs: Tensor, **filters) -> Tensor:
+    """``probs`` restricted to the set the filters keep, renormalised."""
     _check_2d(probs, "probs")
     batch, device = probs.shape[0], probs.device
+    columns = _filter_columns(probs, None, **filters)
     logits, _ = log_probs(probs)
     seeds = torch.zeros(batch, dtype=torch.int64, device=device)
-    renormed = ops.sample_with_probs(logits, make_params(batch, device, seeds, **filters))[1]
+    renormed = ops.sample_with_probs(logits, make_params(batch, device, seeds, **columns))[1]
     return renormed.to(probs.dtype)
 
 
@@ -526,8 +465,6 @@ def top_p_renorm_probs(probs: Tensor, top_p: Param, is_deterministic: bool = Fal
     Tensor
         ``[batch_size, vocab_size]``, dtype of ``probs``.
     """
-    _check_2d(probs, "probs")
-    top_p = param_column(top_p, probs.shape[0], torch.float32, probs.device, "top_p")
     return _renorm(probs, top_p=top_p)
 
 
@@ -547,8 +484,6 @@ def top_k_renorm_probs(probs: Tensor, top_k: Param) -> Tensor:
     Tensor
         ``[batch_size, vocab_size]``, dtype of ``probs``.
     """
-    _check_2d(probs, "probs")
-    top_k = param_column(top_k, probs.shape[0], torch.int64, probs.device, "top_k")
     return _renorm(probs, top_k=top_k)
 
 
