@@ -49,7 +49,7 @@ def tokenizer_fingerprint(tokenizer) -> dict:
     vocab = tokenizer.get_vocab()
     digest = hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
     return {
-        "tokenizer": getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__,
+        "tokenizer": Path(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__).name,
         "vocab_size": len(tokenizer),
         "vocab_hash": digest,
     }
