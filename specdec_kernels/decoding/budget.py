@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 
 from specdec_kernels.decoding.cost import StepCost
 
-__all__ = ["AcceptanceStats", "TreeBudget", "path_probabilities"]
+__all__ = ["CLASS_PRIORS", "AcceptanceStats", "TreeBudget", "path_probabilities"]
+
+#: Prior acceptance of a node by how deep its prophet drafted this time (the class in a
+#: statistics key ``"name:class"``, see ``CandidateTree.labels``): evidence replaces it within
+#: a few steps, but until then a prophet that drafts 9+ deep (prompt lookup on a long match)
+#: gets deep trees at once. Chosen on the default model's dev prompts.
+CLASS_PRIORS = {"1-2": 0.3, "3-4": 0.5, "5-8": 0.7, "9+": 0.85}
 
 
 @dataclass
@@ -36,13 +42,14 @@ class AcceptanceStats:
     prior_weight : float
         Pseudo-observations of the prior (how fast measured rates take over).
     priors : dict, optional
-        ``{prophet: p}``: prior acceptance of a prophet's rank-0 node at depth 1; deeper and
-        lower-ranked nodes get ``p * 0.9 ** (depth - 1) / (rank + 1)``. Default ``0.3``.
+        ``{key: p}``: prior acceptance of a prophet's rank-0 node at depth 1; deeper and
+        lower-ranked nodes get ``p * 0.95 ** (depth - 1) / (rank + 1)``. Without an entry: by
+        the key's class (:data:`CLASS_PRIORS`), else ``default_prior``.
     max_depth, max_rank : int
         Deeper / lower-ranked nodes share the statistics of the last bucket.
     """
 
-    prior_weight: float = 4.0
+    prior_weight: float = 1.0
     priors: dict = field(default_factory=dict)
     max_depth: int = 12
     max_rank: int = 4
@@ -53,8 +60,15 @@ class AcceptanceStats:
         return prophet, min(max(depth, 1), self.max_depth), min(max(rank, 0), self.max_rank)
 
     def prior(self, prophet: str, depth: int, rank: int) -> float:
-        base = self.priors.get(prophet, self.default_prior)
-        return base * 0.9 ** (max(depth, 1) - 1) / (max(rank, 0) + 1)
+        """Prior P(accepted | parent accepted): ``priors[key]``, else by the key's class (how
+        deep the prophet chose to draft: a prophet drafts deep only when it is sure, see
+        :data:`CLASS_PRIORS`), else ``priors[name]`` or ``default_prior``; lower for deeper and
+        lower-ranked nodes."""
+        name, _, kind = prophet.partition(":")
+        base = self.priors.get(prophet)
+        if base is None:
+            base = CLASS_PRIORS.get(kind, self.priors.get(name, self.default_prior))
+        return base * 0.95 ** (max(depth, 1) - 1) / (max(rank, 0) + 1)
 
     def rate(self, prophet: str, depth: int, rank: int) -> float:
         """Estimated P(node accepted | parent accepted)."""

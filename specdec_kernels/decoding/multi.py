@@ -48,7 +48,7 @@ from specdec_kernels.decoding.drafter import (
     TreeProposal,
 )
 
-__all__ = ["CandidateTree", "MultiDrafter", "budgeted_trees", "record_outcome"]
+__all__ = ["CandidateTree", "MultiDrafter", "OutcomeJudge", "budgeted_trees", "judge"]
 
 
 class CandidateTree:
@@ -60,12 +60,22 @@ class CandidateTree:
         Per node (node 0 the root: the pending token, parent ``-1``, depth 0).
     sources : list of dict
         Per node ``{prophet: rank}``.
+    labels : dict
+        ``{prophet: statistics key}``: under which key of :class:`AcceptanceStats` this
+        prophet's nodes of this tree are estimated and judged. By default the prophet's name
+        and how deep it drafted this time (``"prompt-lookup:9+"``): a prophet that drafts deep
+        only when it is sure (prompt lookup on a long match, retrieval on a long suffix) gets
+        separate statistics for its sure and its unsure proposals.
     """
 
     def __init__(self, root: int):
         self.tokens, self.parents, self.depths = [int(root)], [-1], [0]
         self.sources: list = [{}]
+        self.labels: dict = {}
         self._children: list = [{}]
+
+    def label(self, prophet: str) -> str:
+        return self.labels.get(prophet, prophet)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -97,6 +107,7 @@ class CandidateTree:
         """
         where = [0] + [-1] * (len(tokens) - 1)
         ranks: dict = {}
+        deepest = 0
         for j in range(1, len(tokens)):
             parent = parents[j]
             if parent < 0 or where[parent] < 0 or self.depths[where[parent]] >= max_depth:
@@ -104,10 +115,17 @@ class CandidateTree:
             rank = ranks.get(parent, 0)
             ranks[parent] = rank + 1
             where[j] = self.add(where[parent], tokens[j], prophet, rank)
+            deepest = max(deepest, self.depths[where[j]])
+        self.labels.setdefault(prophet, f"{prophet}:{depth_class(deepest)}")
         return where
 
     def child(self, node: int, token: int) -> int | None:
         return self._children[node].get(token)
+
+
+def depth_class(depth: int) -> str:
+    """Bucket of a proposal's depth: ``"1-2"``, ``"3-4"``, ``"5-8"`` or ``"9+"``."""
+    return "1-2" if depth <= 2 else "3-4" if depth <= 4 else "5-8" if depth <= 8 else "9+"
 
 
 def _host_trees(proposal, batch: int) -> list:
@@ -159,7 +177,8 @@ def budgeted_trees(
     trees = []
     for cand, left in zip(candidates, remaining):
         cond = [1.0] + [
-            stats.combined(cand.sources[j], cand.depths[j]) if cand.depths[j] <= left - 1
+            stats.combined({cand.label(p): r for p, r in cand.sources[j].items()},
+                           cand.depths[j]) if cand.depths[j] <= left - 1
             else 0.0
             for j in range(1, len(cand))
         ]
@@ -194,24 +213,60 @@ def accepted_path(cand: CandidateTree, emitted: list, num_accepted: int) -> list
     return path
 
 
-def record_outcome(cand: CandidateTree, emitted: list, num_accepted: int,
-                   stats: AcceptanceStats) -> list:
-    """Update ``stats`` with one request's step and return its accepted trie path.
+def judge(cand: CandidateTree, continuation: list, stats: AcceptanceStats) -> bool:
+    """Record, in ``stats``, every candidate node whose parent lies on the path the target
+    actually took (``continuation``: the tokens emitted after the root, as far as known); it
+    held when its token is the one emitted there. Returns whether the judgement is complete
+    (the path left the trie) or must wait for more tokens.
 
-    Every candidate node whose parent was accepted was *tried* (kept by the budget or not):
-    it holds when its token is what the target emitted there. Judging unverified nodes by the
-    emitted token keeps the statistics of prophets the budget rarely keeps alive.
-    """
-    path = accepted_path(cand, emitted, num_accepted)
-    on_path = [0] + path
-    for level, parent in enumerate(on_path):
-        if level >= len(emitted):
+    Nodes are judged whether or not they were verified, and at every depth the trie reaches,
+    so a prophet's statistics at depth ``d`` do not wait for the budget to keep depth ``d - 1``
+    (greedy output is deterministic, so the later tokens are exactly what verification would
+    have compared them with; when sampling, a node holds with the probability its one-hot
+    verification would accept it)."""
+    node = 0
+    for target in continuation:
+        children = cand._children[node]
+        if not children:
             break
-        target = emitted[level]
-        for token, node in cand._children[parent].items():
-            for prophet, rank in cand.sources[node].items():
-                stats.record(prophet, cand.depths[node], rank, token == target)
-    return path
+        nxt = children.get(target)
+        if nxt is None:
+            break
+        node = nxt
+    else:
+        if cand._children[node]:
+            return False  # the path may go on: wait for more tokens
+    node = 0
+    for target in continuation:
+        children = cand._children[node]
+        for token, child in children.items():
+            for prophet, rank in cand.sources[child].items():
+                stats.record(cand.label(prophet), cand.depths[child], rank, token == target)
+        node = children.get(target)
+        if node is None:
+            break
+    return True
+
+
+class OutcomeJudge:
+    """Per request, the candidate tries of recent steps waiting for enough emitted tokens to
+    be judged (:func:`judge`); one per drafter that keeps :class:`AcceptanceStats`."""
+
+    def __init__(self, batch: int):
+        self.pending = [[] for _ in range(batch)]
+
+    def add(self, state: DecodeState, outcome: StepOutcome, candidates: list,
+            stats: AcceptanceStats) -> None:
+        """Queue this step's tries and judge every queued one that can be."""
+        for b, cand in enumerate(candidates):
+            self.pending[b].append((cand, outcome.previous_starts[b] + 1))
+            ctx = state.contexts[b]
+            self.pending[b] = [
+                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
+            ]
+
+    def select_requests(self, keep: list) -> None:
+        self.pending = [self.pending[b] for b in keep]
 
 
 class MultiDrafter(Drafter):
@@ -281,6 +336,7 @@ class MultiDrafter(Drafter):
         for d in self.drafters:
             d.start(state)
         self.stats = AcceptanceStats(priors=self.priors)
+        self._judge = OutcomeJudge(state.batch)
         self._totals = {n: {"proposed": 0, "verified": 0, "accepted": 0, "sole": 0}
                         for n in self.names}
         self._totals["_emitted"] = 0
@@ -318,7 +374,7 @@ class MultiDrafter(Drafter):
             n = outcome.num_accepted[b]
             start = outcome.previous_starts[b] + 1
             emitted = state.contexts[b][start : start + n + 1]
-            path = record_outcome(cand, emitted, n, self.stats)
+            path = accepted_path(cand, emitted, n)
             self._totals["_emitted"] += n + 1
             for node in path:
                 sources = cand.sources[node]
@@ -332,10 +388,12 @@ class MultiDrafter(Drafter):
                 while count < len(path) and path[count] in mine:
                     count += 1
                 per_prophet[name].append(count)
+        self._judge.add(state, outcome, self._candidates, self.stats)
         for name, drafter in zip(self.names, self.drafters):
             drafter.accept(state, StepOutcome(outcome.previous_starts, per_prophet[name]))
 
     def select_requests(self, keep: list) -> None:
+        self._judge.select_requests(keep)
         for d in self.drafters:
             d.select_requests(keep)
 

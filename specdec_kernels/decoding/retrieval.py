@@ -12,7 +12,7 @@ from pathlib import Path
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
-from specdec_kernels.decoding.multi import CandidateTree, budgeted_trees, record_outcome
+from specdec_kernels.decoding.multi import CandidateTree, OutcomeJudge, budgeted_trees
 
 __all__ = ["DEFAULT_DATASTORE", "RetrievalDrafter", "default_datastore_path"]
 
@@ -143,6 +143,7 @@ class RetrievalDrafter(Drafter):
 
     def start(self, state: DecodeState) -> None:
         self.stats = AcceptanceStats()
+        self._judge = OutcomeJudge(state.batch)
 
     def candidates(self, state: DecodeState) -> list:
         """Per request, the trie of the most frequent continuations (before the budget)."""
@@ -153,7 +154,10 @@ class RetrievalDrafter(Drafter):
                 ctx, depth, max_suffix=self.max_suffix, min_suffix=self.min_suffix,
                 max_matches=self.max_matches,
             )
-            out.append(frequency_trie(ctx[-1], found.continuations, self.max_nodes, self.name))
+            tree = frequency_trie(ctx[-1], found.continuations, self.max_nodes, self.name)
+            # Longer matched suffixes predict better: separate statistics per match length.
+            tree.labels[self.name] = f"{self.name}:suffix{min(found.suffix_length, 8)}"
+            out.append(tree)
         return out
 
     def propose(self, state: DecodeState) -> TreeProposal:
@@ -175,15 +179,11 @@ class RetrievalDrafter(Drafter):
         )
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
-        if not self.use_budget:
-            return
-        for b, cand in enumerate(self._candidates):
-            n = outcome.num_accepted[b]
-            start = outcome.previous_starts[b] + 1
-            record_outcome(cand, state.contexts[b][start : start + n + 1], n, self.stats)
+        if self.use_budget:
+            self._judge.add(state, outcome, self._candidates, self.stats)
 
     def select_requests(self, keep: list) -> None:
-        self._candidates = [self._candidates[b] for b in keep if b < len(self._candidates)]
+        self._judge.select_requests(keep)
 
     def report(self) -> dict:
         return {"acceptance_by_depth_rank": self.stats.table()} if self.use_budget else {}
