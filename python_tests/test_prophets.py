@@ -390,3 +390,41 @@ def test_shipped_datastore_is_for_the_default_model(loaded):
     store = Datastore(default_datastore_path())
     store.check_tokenizer(loaded.tokenizer)
     assert store.meta["num_tokens"] > 5000 and "command" in store.meta
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("drafter, extra", [
+    ("retrieval", ["--max-suffix", "12"]),
+    ("quantized-self", ["--num-draft", "2"]),
+    ("multi", ["--prophets", "prompt-lookup,retrieval"]),
+])
+def test_cli_generate_runs_the_new_drafters(capsys, loaded, drafter, extra):
+    from specdec_kernels import cli
+
+    assert cli.main(["generate", "--drafter", drafter, *extra, "--max-new-tokens", "6",
+                     "--json", "Count: one two three, one two three,"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == drafter and len(out["tokens"][0]) == 6
+
+
+@pytest.mark.default_model
+def test_cli_datastore_build_and_bad_corpus(tmp_path, capsys, loaded):
+    from specdec_kernels import cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "The quick brown fox jumps over the lazy dog."}) + "\n"
+                      + json.dumps({"text": "Speculative decoding verifies drafts."}) + "\n")
+    (tmp_path / "notes.txt").write_text("First paragraph.\n\nSecond paragraph.\n")
+    assert cli.main(["datastore", "build", str(corpus), str(tmp_path / "notes.txt"),
+                     "--out", str(tmp_path / "store")]) == 0
+    store = Datastore(tmp_path / "store")
+    assert store.meta["num_documents"] == 4 and "datastore build" in store.meta["command"]
+    store.check_tokenizer(loaded.tokenizer)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["datastore", "build", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    assert "specdec: error: corpus:" in capsys.readouterr().err

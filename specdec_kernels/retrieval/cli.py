@@ -4,6 +4,7 @@ corpus of the target's own answers (``corpus``)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -35,8 +36,13 @@ def add_subcommand(subparsers) -> None:
     c.set_defaults(func=_run_corpus)
 
 
-def _command() -> str:
-    return "specdec " + " ".join(sys.argv[1:]) if sys.argv else ""
+def _command(args) -> str:
+    """The ``specdec datastore build`` command that made a store (from the parsed arguments,
+    so it reads the same however the parser was reached)."""
+    words = ["specdec", "datastore", "build", *args.corpus, "--out", args.out]
+    if args.model != "default":
+        words += ["--model", args.model]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _run_build(args) -> int:
@@ -48,7 +54,7 @@ def _run_build(args) -> int:
     start = time.perf_counter()
     tokenizer = load_model(args.model).tokenizer
     meta = build_from_files(args.corpus, tokenizer, args.out,
-                            info={"command": _command(), "model": args.model})
+                            info={"command": _command(args), "model": args.model})
     print(f"wrote {args.out}: {meta['num_tokens']} tokens of {meta['num_documents']} documents "
           f"in {meta['build_seconds']:.2f} s (suffix array), {time.perf_counter() - start:.1f} s "
           "in all", file=sys.stderr)
