@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import torch
 
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
 from specdec_kernels.decoding.drafter import (
     ChainProposal,

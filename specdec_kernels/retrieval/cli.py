@@ -3,7 +3,6 @@ corpus of the target's own answers (``corpus``)."""
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
