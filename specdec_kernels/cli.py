@@ -31,7 +31,10 @@ __all__ = [
 ]
 
 #: Modules whose ``add_subcommand(subparsers)`` registers more subcommands (e.g. ``bench``).
-SUBCOMMAND_MODULES = ["specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.medusa.train"]
+SUBCOMMAND_MODULES = [
+    "specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.medusa.train",
+    "specdec_kernels.retrieval.cli",
+]
 
 #: Exceptions that report a user's mistake (bad argument values, missing files): printed as
 #: ``<prog>: error: <message>``, exit status 2, traceback only with ``--debug``.
@@ -47,13 +50,17 @@ DRAFTER_OPTIONS = {
     "medusa": ("heads", "cost_curve", "max_nodes", "acceptance", "posterior_threshold",
                "posterior_alpha"),
     "blockwise": ("heads", "cost_curve", "num_draft"),
+    "retrieval": ("datastore", "max_depth", "max_nodes", "max_suffix", "min_suffix",
+                  "max_matches", "cost_curve"),
+    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
 }
 
 
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """The drafter options (see :data:`DRAFTER_OPTIONS`) and ``--torch-kernels``, shared by
     ``specdec generate`` and ``specdec bench``."""
-    g = parser.add_argument_group("chain drafters (self-speculative, draft-model)")
+    g = parser.add_argument_group("chain drafters (self-speculative, draft-model, quantized-self)")
     g.add_argument("--num-draft", type=int, help="drafts per step K (the start value if adaptive)")
     g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
     g.add_argument("--max-draft", type=int, help="upper bound of an adaptive K")
@@ -73,6 +80,14 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-candidates", type=int, help="lookahead: pool n-grams per key G (all verified)"
     )
     g.add_argument("--num-guesses", type=int, help="jacobi: tokens guessed per step K")
+    g = parser.add_argument_group("retrieval and merged prophets (multi)")
+    g.add_argument("--datastore", help="retrieval datastore folder (`specdec datastore build`); "
+                   "default: the one shipped for the default model")
+    g.add_argument("--max-suffix", type=int, help="retrieval: longest context suffix looked up")
+    g.add_argument("--min-suffix", type=int, help="retrieval: no drafts below this match length")
+    g.add_argument("--max-matches", type=int, help="retrieval: occurrences read per lookup")
+    g.add_argument("--prophets", help="multi: comma list of drafters to merge "
+                   "(default prompt-lookup,retrieval,medusa)")
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "
@@ -118,7 +133,7 @@ def _add_generate(subparsers) -> None:
         default="prompt-lookup",
         choices=[
             "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-            "medusa", "blockwise",
+            "medusa", "blockwise", "retrieval", "quantized-self", "multi",
         ],
     )
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")

@@ -35,6 +35,9 @@ DEFAULT_METHODS = [
     "ours-jacobi",
     "ours-medusa",
     "ours-blockwise",
+    "ours-retrieval",
+    "ours-quantized-self",
+    "ours-multi",
 ]
 
 
@@ -90,8 +93,12 @@ def run(args: argparse.Namespace) -> dict:
     names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
     if args.draft and not args.methods:
         names += ["ours-draft-model", "hf-assisted"]
-    if not args.methods and args.target != "default" and not args.medusa_heads:
-        names = [n for n in names if n not in ("ours-medusa", "ours-blockwise")]
+    if not args.methods and args.target != "default":
+        # The shipped heads and datastore are the default model's: another target needs its own.
+        if not args.medusa_heads:
+            names = [n for n in names if n not in ("ours-medusa", "ours-blockwise", "ours-multi")]
+        if not args.datastore:
+            names = [n for n in names if n not in ("ours-retrieval", "ours-multi")]
     if args.batch_size > 1:
         batch_one = [n for n in names if n in BATCH_ONE_METHODS]
         if args.methods and batch_one:

@@ -39,6 +39,8 @@ class RunRecord:
     (ours only); ``drafter_seconds`` is the time spent drafting (ours only).
     ``first_token_from_prefill``: HF's prefill yields the first token; ours prefills all but
     the last prompt token and every new token comes from a decoding step.
+    ``drafter_report``: what our drafter measured about itself (per-prophet figures of a merged
+    drafter; see ``Drafter.report``).
     """
 
     tokens: list
@@ -49,6 +51,7 @@ class RunRecord:
     proposed_at: list = field(default_factory=list)
     accepted_at: list = field(default_factory=list)
     first_token_from_prefill: bool = True
+    drafter_report: dict = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -221,6 +224,7 @@ class OursMethod:
             proposed_at=list(stats.proposed_at),
             accepted_at=list(stats.accepted_at),
             first_token_from_prefill=False,
+            drafter_report=dict(stats.drafter_report),
         )
 
 
@@ -244,6 +248,9 @@ METHOD_DESCRIPTIONS = {
     "ours-jacobi": "ours, plain Jacobi decoding (guesses verified as a chain)",
     "ours-medusa": "ours, Medusa heads (shipped for the default model), tree of top-k guesses",
     "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
+    "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
+    "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
+    "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
 }
@@ -257,6 +264,9 @@ METHOD_DRAFTERS = {
     "ours-draft-model": "draft-model",
     "ours-lookahead": "lookahead",
     "ours-jacobi": "jacobi",
+    "ours-retrieval": "retrieval",
+    "ours-quantized-self": "quantized-self",
+    "ours-multi": "multi",
 }
 
 #: The methods that need a draft model.
@@ -332,6 +342,7 @@ def build_methods(
         PromptLookupDrafter,
         SelfSpeculativeDrafter,
     )
+    from specdec_kernels.decoding.api import make_drafter
     from specdec_kernels.decoding.draft_model import check_same_vocabulary
     from specdec_kernels.decoding.self_speculative import DEFAULT_LAYERS_SKIPPED
 
@@ -339,7 +350,7 @@ def build_methods(
     if any(n in DRAFT_METHODS for n in names):
         check_same_vocabulary(tokenizer, draft_tokenizer)
     options = drafter_options or {}
-    if any(n in ("ours-medusa", "ours-blockwise") for n in names):
+    if any(n in ("ours-medusa", "ours-blockwise", "ours-multi") for n in names):
         from specdec_kernels.medusa.heads import load_heads
 
         if medusa_heads is None:
@@ -354,6 +365,10 @@ def build_methods(
 
     def ours(name, make_drafter):
         return OursMethod(name, model, tokenizer, make_drafter, cpu_kernels=cpu_kernels)
+
+    # The merged prophets take the Medusa heads loaded once above and the same cost curve.
+    multi_options = {"heads": medusa_heads, "cost_curve": medusa_cost_curve,
+                     **options.get("multi", {})}
 
     factories = {
         "hf-generate": lambda: HFMethod("hf-generate", model, tokenizer),
@@ -383,6 +398,14 @@ def build_methods(
         "ours-jacobi": lambda: ours(
             "ours-jacobi", lambda: JacobiDrafter(**options.get("jacobi", {}))
         ),
+        "ours-retrieval": lambda: ours(
+            "ours-retrieval", lambda: make_drafter("retrieval", **options.get("retrieval", {}))
+        ),
+        "ours-quantized-self": lambda: ours(
+            "ours-quantized-self",
+            lambda: make_drafter("quantized-self", **options.get("quantized-self", {})),
+        ),
+        "ours-multi": lambda: ours("ours-multi", lambda: make_drafter("multi", **multi_options)),
         "ours-draft-model": lambda: ours(
             "ours-draft-model",
             lambda: DraftModelDrafter(

@@ -4,7 +4,9 @@ by every method; methods differ only in the drafter.
 - :func:`generate`: the one-call API.
 - Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
   :class:`PromptLookupDrafter`, :class:`LookaheadDrafter`, :class:`JacobiDrafter`,
-  :class:`MedusaDrafter`, :class:`BlockwiseDrafter` (subclass :class:`Drafter` for more; what a
+  :class:`MedusaDrafter`, :class:`BlockwiseDrafter`, :class:`RetrievalDrafter`,
+  :class:`QuantizedSelfDrafter`, :class:`MultiDrafter` (several merged into one cost-budgeted
+  tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
   drafter can get from the step is documented in :mod:`~specdec_kernels.decoding.drafter`).
 - :class:`Engine`, :class:`ModelRunner`, :class:`KVCache`: the parts, for harnesses.
 """
@@ -22,7 +24,11 @@ from specdec_kernels.decoding.drafter import (
     StepOutcome,
     TreeProposal,
 )
+from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
 from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
+from specdec_kernels.decoding.multi import MultiDrafter
+from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
+from specdec_kernels.decoding.retrieval import RetrievalDrafter
 from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
 from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
@@ -32,6 +38,7 @@ from specdec_kernels.decoding.stats import RequestStats, RunStats
 
 __all__ = [
     "DRAFTER_NAMES",
+    "AcceptanceStats",
     "AutoregressiveDrafter",
     "BlockwiseDrafter",
     "ChainProposal",
@@ -48,13 +55,17 @@ __all__ = [
     "LookaheadDrafter",
     "MedusaDrafter",
     "ModelRunner",
+    "MultiDrafter",
     "NoDrafter",
     "PromptLookupDrafter",
+    "QuantizedSelfDrafter",
     "RequestStats",
+    "RetrievalDrafter",
     "RunStats",
     "SelfSpeculativeDrafter",
     "StepOutcome",
     "StopCriteria",
+    "TreeBudget",
     "TreeProposal",
     "generate",
     "make_drafter",

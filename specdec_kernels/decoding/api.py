@@ -21,8 +21,12 @@ __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 #: Names accepted by ``generate(drafter=...)`` and the command line.
 DRAFTER_NAMES = (
     "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-    "medusa", "blockwise",
+    "medusa", "blockwise", "retrieval", "quantized-self", "multi",
 )
+
+#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, retrieval from the
+#: shipped datastore, and the trained drafter that ships (the Medusa heads).
+DEFAULT_PROPHETS = ("prompt-lookup", "retrieval", "medusa")
 
 
 @dataclass
@@ -62,7 +66,9 @@ def make_drafter(
         ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``, ``"self-speculative"``,
         ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
         or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
-        given).
+        given), ``"retrieval"`` (the datastore shipped for the default model unless
+        ``datastore=...``), ``"quantized-self"`` (an int8 copy of the target) or ``"multi"``
+        (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
@@ -88,7 +94,45 @@ def make_drafter(
         from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 
         return (MedusaDrafter if name == "medusa" else BlockwiseDrafter)(**options)
+    if name == "retrieval":
+        from specdec_kernels.decoding.retrieval import RetrievalDrafter
+
+        return RetrievalDrafter(**options)
+    if name == "quantized-self":
+        from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
+
+        return QuantizedSelfDrafter(**options)
+    if name == "multi":
+        return _multi_drafter(draft_model=draft_model, draft_tokenizer=draft_tokenizer,
+                              **options)
     raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+
+
+def _multi_drafter(*, prophets=DEFAULT_PROPHETS, datastore=None, heads=None, cost_curve=None,
+                   max_nodes: int = 24, draft_model=None, draft_tokenizer=None):
+    """``make_drafter("multi")``: the named prophets (each with its defaults, the datastore
+    and heads given) merged by :class:`~specdec_kernels.decoding.multi.MultiDrafter`."""
+    from specdec_kernels.decoding.multi import MultiDrafter
+
+    if isinstance(prophets, str):
+        prophets = [p.strip() for p in prophets.split(",") if p.strip()]
+    prophets = list(prophets)
+    if not prophets:
+        raise ValueError("prophets: give at least one drafter to merge")
+    bad = [p for p in prophets if p not in DRAFTER_NAMES or p in ("none", "multi")]
+    if bad:
+        raise ValueError(f"prophets: cannot merge {bad}; choose from "
+                         f"{[n for n in DRAFTER_NAMES if n not in ('none', 'multi')]}")
+    drafters = []
+    for p in prophets:
+        options = {}
+        if p == "retrieval":
+            options = {"datastore": datastore, "budget": False}  # the merged tree is budgeted
+        elif p in ("medusa", "blockwise"):
+            options = {"heads": heads, "cost_curve": cost_curve}
+        drafters.append(make_drafter(p, draft_model=draft_model,
+                                     draft_tokenizer=draft_tokenizer, **options))
+    return MultiDrafter(drafters, cost_curve=cost_curve, max_nodes=max_nodes)
 
 
 def _per_request(value, batch: int, name: str) -> list:
@@ -242,7 +286,7 @@ def generate(
     drafter : Drafter or str, optional
         A drafter object, or one of ``"prompt-lookup"``, ``"self-speculative"``,
         ``"draft-model"`` (with ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``,
-        ``"blockwise"``, ``"none"``.
+        ``"blockwise"``, ``"retrieval"``, ``"quantized-self"``, ``"multi"``, ``"none"``.
         Plain decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (needed for text prompts, stop strings and returned text).

@@ -36,6 +36,18 @@ token, which is what Medusa-style heads read. Drafters that do not ask pay nothi
 
 **Acceptance rule** (:attr:`TreeProposal.typical`). A tree proposal may ask for typical
 acceptance (lossy, Medusa) instead of the lossless rule.
+
+**A cost model** (:mod:`~specdec_kernels.decoding.cost`, :mod:`~specdec_kernels.decoding.budget`).
+The device's measured step cost ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`) and
+running acceptance statistics by prophet, depth and rank
+(:class:`~specdec_kernels.decoding.budget.AcceptanceStats`) let a drafter size its tree each
+step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that maximise
+expected tokens per unit of step cost (retrieval and merged prophets use it; Medusa derives its
+static tree from the same curve).
+
+**Drafter statistics** (:meth:`Drafter.report`). Whatever a drafter measured about itself
+(e.g. per-prophet figures of a merged drafter) is returned by :meth:`Drafter.report` at the end
+of a run and lands in :attr:`~specdec_kernels.decoding.stats.RunStats.drafter_report`.
 """
 
 from __future__ import annotations
@@ -278,6 +290,11 @@ class Drafter:
 
     def finish(self) -> None:
         """Called once when the run ends (e.g. to release a draft model's runner)."""
+
+    def report(self) -> dict:
+        """Figures the drafter measured about itself during the run (called before
+        :meth:`finish`; stored in ``RunStats.drafter_report``). Empty by default."""
+        return {}
 
     def describe(self) -> dict:
         """Settings worth reporting next to the statistics."""

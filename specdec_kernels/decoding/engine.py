@@ -302,6 +302,7 @@ class Engine:
             gen.requests[req].finish_reason = gen.reasons[req]
         gen.stats.requests = gen.requests
         gen.stats.seconds = time.perf_counter() - gen.t_start
+        gen.stats.drafter_report = self.drafter.report()  # the drafter-statistics doorway
         self.drafter.finish()
         self.runner.release()
         return EngineOutput(gen.outputs, gen.reasons, gen.stats)

@@ -74,7 +74,9 @@ class ModelRunner:
         config = _text_config(model.config)
         self.config = config
         self.num_layers = int(config.num_hidden_layers)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        head = model.get_output_embeddings()
+        # out_features first: a quantized LM head's ``weight`` is a method, not a tensor.
+        self.vocab_size = int(getattr(head, "out_features", None) or head.weight.shape[0])
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         # Models set to the registered tree-attention kernel get tree metadata, not masks.

@@ -90,6 +90,9 @@ class RunStats:
         Verification forwards of the target (prefill excluded); with a batch, one forward
         serves every running request.
     requests : list of RequestStats
+    drafter_report : dict
+        What the drafter measured about itself (:meth:`Drafter.report`), e.g. per-prophet
+        nodes proposed, accepted and share of emitted tokens for a merged drafter.
     """
 
     method: str = ""
@@ -100,6 +103,7 @@ class RunStats:
     drafter_seconds: float = 0.0
     target_forwards: int = 0
     requests: list = field(default_factory=list)
+    drafter_report: dict = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -156,6 +160,7 @@ class RunStats:
             "accepted_at": self.accepted_at,
             "acceptance_rate_at": self.acceptance_rate_at,
             "requests": [r.to_dict() for r in self.requests],
+            "drafter_report": self.drafter_report,
         }
 
     def summary(self) -> str:
@@ -166,7 +171,17 @@ class RunStats:
             f"({self.tokens_per_second:.1f} tok/s), {self.target_forwards} target forwards, "
             f"tau {self.tau:.2f}, drafter {100 * self.drafter_time_share:.0f}% of decode time"
             + (f", acceptance by depth [{rates}]" if rates else "")
+            + _prophet_summary(self.drafter_report)
         )
+
+
+def _prophet_summary(report: dict) -> str:
+    """``; prophets: name share%`` for a merged drafter's report, else nothing."""
+    prophets = report.get("prophets") if report else None
+    if not prophets:
+        return ""
+    parts = [f"{name} {100 * p['share_of_emitted_tokens']:.0f}%" for name, p in prophets.items()]
+    return "; share of emitted tokens by prophet: " + ", ".join(parts)
 
 
 def _sum_columns(rows: list) -> list:

@@ -1,0 +1,73 @@
+"""Draft cost of the quantized-self prophet against the fp32 target on this machine: the
+latency of one decoding forward (one token after a prefix already in the cache) of the default
+model as the engine runs it (fp32, the package's CPU kernels) and of its int8 copy
+(``QuantizedSelfDrafter``'s draft model), interleaved, median over repeats.
+
+    python3 -m bench.quantized_cost --prefix 256 --repeats 30 --out cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+
+def one_token_ms(runner, prefix: int, repeats: int, width: int = 1) -> list:
+    """Latencies (ms) of forwards of ``width`` tokens after ``prefix`` cached rows."""
+    cache = runner.new_cache(1, prefix + width + 1)
+    runner.prefill(cache, [[(i * 7919) % 1000 + 10 for i in range(prefix)]])
+    tokens = torch.tensor([[11] * width])
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.forward(cache, tokens, [prefix])
+        out.append(1000 * (time.perf_counter() - start))
+    return out
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prefix", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+
+    from specdec_kernels.decoding.quantized import quantize_int8
+    from specdec_kernels.decoding.runner import ModelRunner
+    from specdec_kernels.models import load_model
+
+    target = load_model().model
+    start = time.perf_counter()
+    draft = quantize_int8(target)
+    quantize_seconds = time.perf_counter() - start
+    runners = {"fp32-target": ModelRunner(target), "int8-copy": ModelRunner(draft)}
+    times: dict = {name: [] for name in runners}
+    with torch.inference_mode():
+        for name, runner in runners.items():  # warm up
+            one_token_ms(runner, args.prefix, 3)
+        for _ in range(3):  # interleaved rounds, so drift hits both alike
+            for name, runner in runners.items():
+                times[name] += one_token_ms(runner, args.prefix, args.repeats // 3)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "prefix": args.prefix,
+        "one_token_ms": {k: round(v, 3) for k, v in median.items()},
+        "draft_over_target": round(median["int8-copy"] / median["fp32-target"], 3),
+        "quantize_seconds": round(quantize_seconds, 2),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,430 @@
+"""Several prophets (issue 14): the retrieval datastore against a brute-force scan, the
+cost-model budget against an exhaustive search, bad input, and the retrieval, quantized-self
+and merged drafters: greedy identity with Hugging Face ``generate`` at batch 1 and 4 (tiny
+models, and the default model with its shipped datastore and heads), lossless sampling of the
+merged tree (chi-square, tiny models)."""
+
+import itertools
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from python_tests.decoding_helpers import (
+    default_model,
+    dev_prompts,
+    hf_greedy,
+    random_heads,
+    tiny_model,
+)
+from python_tests.test_decoding_sampling import (
+    CONFIGS,
+    NEW,
+    PER_CONFIG,
+    PROMPT,
+    VOCAB,
+    chi_square_pvalue,
+    counts_of,
+    exact_distribution,
+)
+from specdec_kernels.decoding import (
+    MedusaDrafter,
+    MultiDrafter,
+    PromptLookupDrafter,
+    QuantizedSelfDrafter,
+    RetrievalDrafter,
+    generate,
+    make_drafter,
+)
+from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
+from specdec_kernels.decoding.multi import CandidateTree
+from specdec_kernels.decoding.retrieval import frequency_trie
+from specdec_kernels.retrieval import Datastore, build_datastore, read_corpus
+
+# ---------------------------------------------------------------------------- datastore
+
+
+def brute_force(documents, context, max_suffix, depth):
+    """The longest suffix of ``context`` occurring in a document, and every continuation."""
+    for length in range(min(max_suffix, len(context)), 0, -1):
+        suffix = list(context[-length:])
+        found = []
+        for doc in documents:
+            for end in range(length, len(doc) + 1):
+                if doc[end - length : end] == suffix:
+                    found.append(tuple(doc[end : end + depth]))
+        if found:
+            return length, found
+    return 0, []
+
+
+def store_of(tmp_path, documents, vocab, name="store"):
+    build_datastore(documents, tmp_path / name, fingerprint={"vocab_size": vocab})
+    return Datastore(tmp_path / name)
+
+
+@pytest.mark.parametrize("vocab, docs, seed", [(3, 5, 0), (7, 3, 1), (50, 9, 2), (2, 1, 3)])
+def test_lookup_matches_a_brute_force_scan(tmp_path, vocab, docs, seed):
+    rng = random.Random(seed)
+    documents = [[rng.randrange(vocab) for _ in range(rng.randint(1, 37))] for _ in range(docs)]
+    store = store_of(tmp_path, documents, vocab)
+    assert store.meta["num_tokens"] == sum(map(len, documents))
+    for _ in range(60):
+        context = [rng.randrange(vocab) for _ in range(rng.randint(1, 21))]
+        max_suffix, depth = rng.choice([1, 3, 5, 16]), rng.choice([1, 2, 5])
+        want_len, want = brute_force(documents, context, max_suffix, depth)
+        got = store.lookup(context, depth, max_suffix=max_suffix, max_matches=10**6)
+        assert got.suffix_length == want_len
+        assert got.matches == len(want)
+        assert sorted(got.continuations) == sorted(c for c in want if c)
+
+
+def test_lookup_samples_spread_matches_and_respects_min_suffix(tmp_path):
+    documents = [[1, 2, 3 + (i % 4)] for i in range(100)]
+    store = store_of(tmp_path, documents, 10)
+    got = store.lookup([9, 1, 2], 1, max_matches=8)
+    assert got.suffix_length == 2 and got.matches == 100 and len(got.continuations) == 8
+    assert len(set(got.continuations)) == 4  # evenly spread, every continuation seen
+    assert store.lookup([9, 9, 2], 1, min_suffix=2).continuations == []
+
+
+def test_numpy_suffix_array_agrees_with_pydivsufsort():
+    from specdec_kernels.retrieval.datastore import _numpy_suffix_array, _suffix_array
+
+    rng = np.random.default_rng(0)
+    for n, vocab in [(1, 3), (17, 2), (200, 5), (301, 1000)]:
+        tokens = rng.integers(0, vocab, n).astype(np.int32)
+        assert _numpy_suffix_array(tokens).tolist() == _suffix_array(tokens).tolist()
+
+
+def test_frequency_trie_keeps_the_most_frequent_prefixes():
+    conts = [(1, 2, 3)] * 5 + [(1, 4)] * 3 + [(5,)] * 2
+    tree = frequency_trie(9, conts, 4, "r")  # counts: 1: 8, 12: 5, 123: 5, 14: 3, 5: 2
+    assert tree.tokens == [9, 1, 2, 4, 3] and tree.parents == [-1, 0, 1, 1, 2]
+    assert [tree.sources[j]["r"] for j in range(1, 5)] == [0, 0, 1, 0]
+    tree = frequency_trie(9, conts, 5, "r")
+    assert tree.tokens == [9, 1, 5, 2, 4, 3] and tree.sources[2]["r"] == 1
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="documents: the corpus is empty"):
+        build_datastore([[], []], tmp_path / "s", fingerprint={"vocab_size": 5})
+    (tmp_path / "empty.txt").write_text("\n\n  \n")
+    with pytest.raises(ValueError, match="corpus: .* hold no text"):
+        read_corpus([tmp_path / "empty.txt"])
+    with pytest.raises(ValueError, match="corpus: give at least one"):
+        read_corpus([])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"title": "x"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1 has none of the fields"):
+        read_corpus([tmp_path / "bad.jsonl"])
+
+
+def test_datastore_for_another_tokenizer_is_refused(tmp_path):
+    store = store_of(tmp_path, [[1, 2, 3, 40]], 50)
+    model = tiny_model(vocab=17, layers=1)
+    with pytest.raises(ValueError, match="datastore: .* built for another tokenizer"):
+        generate(model, [[1, 2, 3]], drafter=RetrievalDrafter(store), max_new_tokens=3)
+    with pytest.raises(ValueError, match="outside \\[0, 50\\)"):
+        build_datastore([[1, 60]], tmp_path / "x", fingerprint={"vocab_size": 50})
+
+
+def test_datastore_for_another_tokenizer_hash_is_refused(tmp_path):
+    class Tok:
+        name_or_path = "mine"
+
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+        def __len__(self):
+            return len(self.vocab)
+
+    from specdec_kernels.retrieval import tokenizer_fingerprint
+
+    build_datastore([[0, 1]], tmp_path / "s",
+                    fingerprint=tokenizer_fingerprint(Tok({"a": 0, "b": 1})))
+    store = Datastore(tmp_path / "s")
+    store.check_tokenizer(Tok({"b": 1, "a": 0}))
+    with pytest.raises(ValueError, match="built for tokenizer 'mine'"):
+        store.check_tokenizer(Tok({"a": 1, "b": 0}))
+
+
+def test_empty_drafter_list_and_bad_prophets_are_refused():
+    with pytest.raises(ValueError, match="drafters: give at least one"):
+        MultiDrafter([])
+    with pytest.raises(ValueError, match="prophets: give at least one"):
+        make_drafter("multi", prophets="")
+    with pytest.raises(ValueError, match="prophets: cannot merge"):
+        make_drafter("multi", prophets=["multi"])
+    with pytest.raises(FileNotFoundError, match="no datastore"):
+        RetrievalDrafter("/nonexistent/store").bind(None, None)
+
+
+# ---------------------------------------------------------------------------- budget
+
+
+def ancestor_closed_subsets(parents):
+    nodes = range(1, len(parents))
+    for r in range(len(parents)):
+        for subset in itertools.combinations(nodes, r):
+            chosen = set(subset) | {0}
+            if all(parents[j] in chosen for j in subset):
+                yield subset
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_budget_matches_exhaustive_search(seed, batch):
+    rng = random.Random(seed)
+    curve = {1: 1.0, 2: 1.05, 3: 1.3, 5: 1.5, 7: 2.6, 9: 2.8, 13: 5.0, 40: 9.0}
+    budget = TreeBudget(curve, max_nodes=6)
+    trees = []
+    for _ in range(batch):
+        size = rng.randint(1, 7)
+        parents = [-1] + [rng.randrange(j) for j in range(1, size)]
+        cond = [1.0] + [rng.choice([0.0, rng.random(), 1.0]) for _ in range(1, size)]
+        trees.append((parents, path_probabilities(parents, cond)))
+    kept, expected, cost = budget.choose(trees)
+    for (parents, _), nodes in zip(trees, kept):
+        assert nodes[0] == 0 and all(parents[j] in nodes for j in nodes[1:])
+    # Exhaustive: every combination of ancestor-closed subsets of one common size n.
+    best = 0.0
+    per_tree = [list(ancestor_closed_subsets(p)) for p, _ in trees]
+    for combo in itertools.product(*per_tree):
+        n = max(len(s) for s in combo)
+        if n > 6:
+            continue
+        value = sum(1 + sum(probs[j] for j in s) for s, (_, probs) in zip(combo, trees))
+        best = max(best, value / budget.cost(n + 1, batch))
+    assert expected / cost == pytest.approx(best, rel=1e-12)
+
+
+def test_acceptance_stats_learn_and_combine():
+    stats = AcceptanceStats(prior_weight=2.0, priors={"a": 0.5})
+    assert stats.rate("a", 1, 0) == pytest.approx(0.5)
+    for _ in range(98):
+        stats.record("a", 1, 0, True)
+    assert stats.rate("a", 1, 0) == pytest.approx(99 / 100)
+    assert stats.combined({"a": 0, "b": 0}, 1) == pytest.approx(1 - (1 / 100) * 0.7)
+    assert stats.table()["a"]["1,0"] == [98, 98]
+
+
+def test_candidate_tree_deduplicates_and_remembers_prophets():
+    tree = CandidateTree(7)
+    a = tree.add_tree([7, 1, 2, 3], [-1, 0, 1, 2], "chain", max_depth=8)
+    b = tree.add_tree([7, 1, 4, 2, 0], [-1, 0, 0, 1, -2], "tree", max_depth=2)
+    assert a == [0, 1, 2, 3] and b == [0, 1, 4, 2, -1]
+    assert tree.sources[1] == {"chain": 0, "tree": 0} and tree.sources[4] == {"tree": 1}
+    assert tree.sources[2] == {"chain": 0, "tree": 0} and len(tree) == 5
+
+
+# ---------------------------------------------------------------------------- tiny models
+
+TINY_VOCAB = 13
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", vocab=TINY_VOCAB, layers=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tiny, tmp_path_factory):
+    """A datastore of the tiny target's own greedy continuations (so drafts are accepted)."""
+    rng = random.Random(1)
+    docs = []
+    for _ in range(12):
+        prompt = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 6))]
+        docs.append(prompt + hf_greedy(tiny, prompt, 20))
+    path = tmp_path_factory.mktemp("store") / "tiny"
+    build_datastore(docs, path, fingerprint={"vocab_size": TINY_VOCAB})
+    return Datastore(path)
+
+
+def tiny_drafter(name, store, heads=None):
+    if name == "retrieval":
+        return RetrievalDrafter(store, max_depth=5, max_nodes=7)
+    if name == "quantized-self":
+        return QuantizedSelfDrafter(num_draft=3)
+    if name == "multi-lookup-retrieval":
+        return MultiDrafter([PromptLookupDrafter(max_ngram=3, max_depth=4),
+                             RetrievalDrafter(store, budget=False, max_nodes=9)], max_nodes=11)
+    if name == "multi-all":
+        return MultiDrafter(
+            [PromptLookupDrafter(max_ngram=3, max_depth=4),
+             RetrievalDrafter(store, budget=False, max_nodes=9),
+             MedusaDrafter(heads, tree=[(0,), (1,), (0, 0)]),
+             QuantizedSelfDrafter(num_draft=2)],
+            max_nodes=13, cost_curve={1: 1.0, 16: 1.0, 64: 4.0},
+        )
+    raise ValueError(name)
+
+
+TINY_PROMPTS = [[1, 2, 3, 1, 2], [4], [5, 6, 7, 8, 9, 10, 11], [3, 3, 3, 3, 3, 3, 3, 3, 3], [2, 9]]
+TINY_DRAFTERS = ["retrieval", "quantized-self", "multi-lookup-retrieval", "multi-all"]
+
+
+@pytest.mark.parametrize("cpu_kernels", [False, True])
+@pytest.mark.parametrize("name", TINY_DRAFTERS)
+def test_tiny_greedy_matches_hf_generate_batch_1_and_4(tiny, tiny_store, name, cpu_kernels):
+    heads = random_heads(32, TINY_VOCAB, 2, 1, seed=3)
+    want = [hf_greedy(tiny, p, 19) for p in TINY_PROMPTS]
+    if cpu_kernels:  # the package's kernels: its own autoregressive output is the reference
+        want = [generate(tiny, [p], max_new_tokens=19, eos_token_id=[]).tokens[0]
+                for p in TINY_PROMPTS]
+    forwards = emitted = 0
+    for p, w in zip(TINY_PROMPTS, want):
+        out = generate(tiny, [p], drafter=tiny_drafter(name, tiny_store, heads),
+                       max_new_tokens=19, eos_token_id=[], cpu_kernels=cpu_kernels)
+        assert out.tokens[0] == w, (name, p)
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    assert emitted / forwards > 1.1, (name, emitted / forwards)  # drafts were accepted
+    out = generate(tiny, TINY_PROMPTS[:4], drafter=tiny_drafter(name, tiny_store, heads),
+                   max_new_tokens=[19, 7, 19, 13], eos_token_id=[], cpu_kernels=cpu_kernels)
+    assert out.tokens == [w[:n] for w, n in zip(want[:4], [19, 7, 19, 13])], name
+    if name.startswith("multi"):
+        prophets = out.stats.drafter_report["prophets"]
+        assert sum(p["drafts_accepted"] for p in prophets.values()) > 0
+        assert all(0 <= p["share_of_emitted_tokens"] <= 1 for p in prophets.values())
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_model("llama", vocab=VOCAB, layers=3, seed=11)
+
+
+def test_merged_tree_sampling_follows_the_target_distribution(sampling_target, tmp_path):
+    target = sampling_target
+    exact = [exact_distribution(target, c) for c in CONFIGS]
+    # A store of sampled-looking sequences over the tiny vocabulary (drafts sometimes right).
+    rng = random.Random(4)
+    store = store_of(tmp_path, [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(6)]
+                     + [PROMPT + [0, 4, 3, 1, 2]], VOCAB)
+    heads = random_heads(32, VOCAB, 2, 1, std=0.2, own_projection=True)
+    with torch.no_grad():
+        for p in heads.projections:
+            p.weight.copy_(target.lm_head.weight + 0.3 * torch.randn_like(p.weight))
+    drafter = MultiDrafter(
+        [PromptLookupDrafter(max_ngram=2, max_depth=3, max_branches=3),
+         RetrievalDrafter(store, budget=False, max_depth=3, max_nodes=6, min_suffix=1),
+         MedusaDrafter(heads, tree=[(0,), (1,), (0, 0), (0, 1)])],
+        max_nodes=9, cost_curve={1: 1.0, 16: 1.0, 64: 4.0},
+    )
+    temps, ks, ps = zip(*[c for c in CONFIGS for _ in range(PER_CONFIG)])
+    n = len(temps)
+    out = generate(target, [PROMPT] * n, drafter=drafter, max_new_tokens=NEW,
+                   temperature=list(temps), top_k=list(ks), top_p=list(ps),
+                   seed=list(range(n)), eos_token_id=[])
+    assert all(len(t) == NEW for t in out.tokens)
+    for c, probs in enumerate(exact):
+        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
+        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
+        assert p > 1e-3, f"config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    assert out.stats.tau > 1.05
+
+
+def test_quantized_copy_leaves_the_target_alone(tiny):
+    from specdec_kernels.decoding.quantized import quantize_int8
+
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+    q = quantize_int8(tiny)
+    assert all(torch.equal(before[k], v) for k, v in tiny.state_dict().items())
+    assert "DynamicQuantizedLinear" in repr(q)
+    with pytest.raises(ValueError, match="model: int8 dynamic quantization needs a float32"):
+        quantize_int8(tiny_model(vocab=5, layers=1, dtype=torch.bfloat16))
+
+
+# ---------------------------------------------------------------------------- default model
+
+NEW_TOKENS = 24
+NUM_PROMPTS = 8
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return default_model()
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    from specdec_kernels.models import encode_prompts
+
+    return encode_prompts(loaded.tokenizer, dev_prompts()[:NUM_PROMPTS])
+
+
+@pytest.fixture(scope="module")
+def expected(loaded, prompts):
+    """The package's own greedy output (CPU kernels; equals HF's but for near ties, which
+    test_decoding_greedy checks)."""
+    return [generate(loaded, [p], max_new_tokens=NEW_TOKENS).tokens[0] for p in prompts]
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("name", ["retrieval", "quantized-self", "multi"])
+def test_default_model_greedy_identity_batch_1_and_4(loaded, prompts, expected, name):
+    forwards = emitted = 0
+    for p, want in zip(prompts[:4], expected):
+        out = generate(loaded, [p], drafter=name, max_new_tokens=NEW_TOKENS)
+        assert out.tokens[0] == want, name
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    assert emitted / forwards > 1.0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))[:: 2]
+    out = generate(loaded, [prompts[i] for i in order], drafter=name,
+                   max_new_tokens=NEW_TOKENS)
+    assert out.tokens == [expected[i] for i in order], name
+
+
+@pytest.mark.default_model
+def test_shipped_datastore_is_for_the_default_model(loaded):
+    from specdec_kernels.decoding.retrieval import default_datastore_path
+
+    store = Datastore(default_datastore_path())
+    store.check_tokenizer(loaded.tokenizer)
+    assert store.meta["num_tokens"] > 5000 and "command" in store.meta
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("drafter, extra", [
+    ("retrieval", ["--max-suffix", "12"]),
+    ("quantized-self", ["--num-draft", "2"]),
+    ("multi", ["--prophets", "prompt-lookup,retrieval"]),
+])
+def test_cli_generate_runs_the_new_drafters(capsys, loaded, drafter, extra):
+    from specdec_kernels import cli
+
+    assert cli.main(["generate", "--drafter", drafter, *extra, "--max-new-tokens", "6",
+                     "--json", "Count: one two three, one two three,"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == drafter and len(out["tokens"][0]) == 6
+
+
+@pytest.mark.default_model
+def test_cli_datastore_build_and_bad_corpus(tmp_path, capsys, loaded):
+    from specdec_kernels import cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"text": "The quick brown fox jumps over the lazy dog."}) + "\n"
+                      + json.dumps({"text": "Speculative decoding verifies drafts."}) + "\n")
+    (tmp_path / "notes.txt").write_text("First paragraph.\n\nSecond paragraph.\n")
+    assert cli.main(["datastore", "build", str(corpus), str(tmp_path / "notes.txt"),
+                     "--out", str(tmp_path / "store")]) == 0
+    store = Datastore(tmp_path / "store")
+    assert store.meta["num_documents"] == 4 and "datastore build" in store.meta["command"]
+    store.check_tokenizer(loaded.tokenizer)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["datastore", "build", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "x")])
+    assert exit_.value.code == 2
+    assert "specdec: error: corpus:" in capsys.readouterr().err

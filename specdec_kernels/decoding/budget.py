@@ -1,0 +1,193 @@
+"""The cost-model budget of a tree of drafts (EAGLE-2's idea, across prophets): each node's
+chance of being accepted is estimated from its prophets' running statistics by depth and rank
+(:class:`AcceptanceStats`), and :class:`TreeBudget` keeps the nodes that maximise expected
+tokens per unit of step cost under the device's measured ``c(T)``
+(:class:`~specdec_kernels.decoding.cost.StepCost`).
+
+Expected tokens of a kept set ``S`` of drafted nodes: ``1 + sum_{n in S} P(path to n is
+accepted)`` (the target's own token, plus every node whose whole path holds). With
+``P(path) = prod cond(node)`` along the path and ``cond <= 1``, a node is never more likely
+than its parent, so for every size ``n`` the ``n`` most likely nodes (parents first on ties)
+form a valid tree and are the best ``n``-node tree; the size kept maximises
+``expected / c(width)``. A batch shares one block: the kept size ``n`` is common to every
+request, and the block's cost is ``c(B * (n + 1))`` (the step's linear layers see
+``B * T`` rows; the shipped curve is measured per row count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec_kernels.decoding.cost import StepCost
+
+__all__ = ["CLASS_PRIORS", "AcceptanceStats", "TreeBudget", "path_probabilities"]
+
+#: Prior acceptance of a node by how deep its prophet drafted this time (the class in a
+#: statistics key ``"name:class"``, see ``CandidateTree.labels``): evidence replaces it within
+#: a few steps, but until then a prophet that drafts 9+ deep (prompt lookup on a long match)
+#: gets deep trees at once. Chosen on the default model's dev prompts.
+CLASS_PRIORS = {"1-2": 0.3, "3-4": 0.5, "5-8": 0.7, "9+": 0.85}
+
+
+@dataclass
+class AcceptanceStats:
+    """Running acceptance of each prophet's nodes by depth and rank.
+
+    A node counts as *tried* when its parent was accepted (the root always is), and as
+    *accepted* when it was; ``rate`` is the posterior mean of ``accepted / tried`` under a
+    Beta prior of mean ``prior(prophet, depth, rank)`` and weight ``prior_weight``.
+
+    Parameters
+    ----------
+    prior_weight : float
+        Pseudo-observations of the prior (how fast measured rates take over).
+    priors : dict, optional
+        ``{key: p}``: prior acceptance of a prophet's rank-0 node at depth 1; deeper and
+        lower-ranked nodes get ``p * 0.95 ** (depth - 1) / (rank + 1)``. Without an entry: by
+        the key's class (:data:`CLASS_PRIORS`), else ``default_prior``.
+    max_depth, max_rank : int
+        Deeper / lower-ranked nodes share the statistics of the last bucket.
+    """
+
+    prior_weight: float = 1.0
+    priors: dict = field(default_factory=dict)
+    max_depth: int = 12
+    max_rank: int = 4
+    default_prior: float = 0.3
+    counts: dict = field(default_factory=dict)  # (prophet, depth, rank) -> [tried, accepted]
+
+    def _key(self, prophet: str, depth: int, rank: int) -> tuple:
+        return prophet, min(max(depth, 1), self.max_depth), min(max(rank, 0), self.max_rank)
+
+    def prior(self, prophet: str, depth: int, rank: int) -> float:
+        """Prior P(accepted | parent accepted): ``priors[key]``, else by the key's class (how
+        deep the prophet chose to draft: a prophet drafts deep only when it is sure, see
+        :data:`CLASS_PRIORS`), else ``priors[name]`` or ``default_prior``; lower for deeper and
+        lower-ranked nodes."""
+        name, _, kind = prophet.partition(":")
+        base = self.priors.get(prophet)
+        if base is None:
+            base = CLASS_PRIORS.get(kind, self.priors.get(name, self.default_prior))
+        return base * 0.95 ** (max(depth, 1) - 1) / (max(rank, 0) + 1)
+
+    def rate(self, prophet: str, depth: int, rank: int) -> float:
+        """Estimated P(node accepted | parent accepted)."""
+        tried, accepted = self.counts.get(self._key(prophet, depth, rank), (0, 0))
+        w = self.prior_weight
+        return (accepted + w * self.prior(prophet, depth, rank)) / (tried + w)
+
+    def record(self, prophet: str, depth: int, rank: int, accepted: bool) -> None:
+        """One tried node of ``prophet`` at ``depth`` (1 = child of the root) and ``rank``."""
+        entry = self.counts.setdefault(self._key(prophet, depth, rank), [0, 0])
+        entry[0] += 1
+        entry[1] += int(accepted)
+
+    def combined(self, sources: dict, depth: int) -> float:
+        """P(node accepted | parent accepted) for a node proposed by several prophets
+        (``{prophet: rank}``), taking their evidence as independent:
+        ``1 - prod(1 - rate)``."""
+        miss = 1.0
+        for prophet, rank in sources.items():
+            miss *= 1.0 - self.rate(prophet, depth, rank)
+        return 1.0 - miss
+
+    def table(self) -> dict:
+        """``{prophet: {"depth,rank": [tried, accepted]}}`` (for reports)."""
+        out: dict = {}
+        for (prophet, depth, rank), (tried, accepted) in sorted(self.counts.items()):
+            out.setdefault(prophet, {})[f"{depth},{rank}"] = [tried, accepted]
+        return out
+
+
+def path_probabilities(parents: list, cond: list) -> list:
+    """``P(path to node j accepted)`` for every node of a tree.
+
+    Parameters
+    ----------
+    parents : list of int
+        ``[T]`` parent of each node (node 0 the root, ``-1``; ``parents[j] < j``).
+    cond : list of float
+        ``[T]`` P(node accepted | parent accepted) (the root's entry is ignored).
+
+    Returns
+    -------
+    list of float
+        ``[T]``, the root's 1.
+    """
+    probs = [1.0] * len(parents)
+    for j in range(1, len(parents)):
+        parent = parents[j]
+        if not 0 <= parent < j:
+            raise ValueError(f"parents: node {j} has parent {parent}; need 0 <= parent < {j}")
+        probs[j] = probs[parent] * min(max(cond[j], 0.0), 1.0)
+    return probs
+
+
+class TreeBudget:
+    """Chooses how many drafted nodes each step verifies, and which.
+
+    Parameters
+    ----------
+    step_cost : StepCost, str, dict or None
+        ``c(T)`` (see :meth:`StepCost.load`; ``None``: the shipped CPU curve).
+    max_nodes : int
+        Most drafted nodes per request (root excluded).
+    overhead_ms : float
+        Cost per step paid whatever the tree (drafting), added to ``c``.
+    """
+
+    def __init__(self, step_cost=None, *, max_nodes: int = 32, overhead_ms: float = 0.0):
+        if max_nodes < 0:
+            raise ValueError(f"max_nodes must be >= 0, got {max_nodes}")
+        self.step_cost = StepCost.load(step_cost)
+        self.max_nodes = max_nodes
+        self.overhead_ms = overhead_ms
+
+    def cost(self, width: int, batch: int = 1) -> float:
+        """Cost of one step whose block is ``width`` rows per request."""
+        return self.step_cost(batch * width) + self.overhead_ms
+
+    @staticmethod
+    def order(parents: list, probs: list) -> list:
+        """Drafted nodes (``1 .. T - 1``) of non-zero probability, most likely first, parents
+        before children."""
+        depth = [0] * len(parents)
+        for j in range(1, len(parents)):
+            depth[j] = depth[parents[j]] + 1
+        nodes = [j for j in range(1, len(parents)) if probs[j] > 0]
+        return sorted(nodes, key=lambda j: (-probs[j], depth[j], j))
+
+    def choose(self, trees: list) -> tuple:
+        """The kept nodes of every request's tree.
+
+        Parameters
+        ----------
+        trees : list of (list of int, list of float)
+            Per request, ``(parents, path_probs)`` of its candidate tree (node 0 the root).
+
+        Returns
+        -------
+        kept : list of list of int
+            Per request, the kept node indices (root included, increasing: every kept
+            node's parent is kept).
+        expected : float
+            Expected tokens per step of the whole batch with that choice.
+        cost : float
+            The step's cost (``c(B * (n + 1)) + overhead_ms``).
+        """
+        batch = len(trees)
+        orders = [self.order(parents, probs) for parents, probs in trees]
+        longest = min(max((len(o) for o in orders), default=0), self.max_nodes)
+        # Expected tokens when every request keeps its n most likely nodes, for each n.
+        best_n, expected = 0, float(batch)
+        best_value = expected / self.cost(1, batch)
+        running = float(batch)
+        for n in range(1, longest + 1):
+            for (_, probs), order in zip(trees, orders):
+                if n <= len(order):
+                    running += probs[order[n - 1]]
+            value = running / self.cost(n + 1, batch)
+            if value > best_value:
+                best_n, expected, best_value = n, running, value
+        kept = [sorted([0] + order[:best_n]) for order in orders]
+        return kept, expected, self.cost(best_n + 1, batch)
