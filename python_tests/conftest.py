@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specdec_kernels
-from python_tests.decoding_helpers import default_model_missing
+from python_tests.decoding_helpers import default_model, default_model_missing
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():
@@ -27,6 +27,12 @@ def gen():
     """A seeded CPU generator: inputs are drawn on CPU and moved, so every device sees the
     same data."""
     return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """The bundled default model (fp32) and its tokenizer; the test skips where it can't load."""
+    return default_model()
 
 
 def pytest_collection_modifyitems(config, items):

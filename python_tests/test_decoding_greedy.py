@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from python_tests.decoding_helpers import (
-    default_model,
     dev_prompts,
     first_divergence_gap,
     hf_greedy,
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.default_model
 
 NEW_TOKENS = 24
 BATCH = 4
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return default_model()
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from python_tests.decoding_helpers import (
-    default_model,
     dev_prompts,
     hf_greedy,
     random_heads,
@@ -323,11 +322,6 @@ def test_shipped_curve_loads_and_interpolates():
 
 NEW_TOKENS = 24
 NUM_PROMPTS = 8
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return default_model()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from python_tests.decoding_helpers import (
-    default_model,
     dev_prompts,
     hf_greedy,
     random_heads,
@@ -346,11 +345,6 @@ def test_quantized_copy_leaves_the_target_alone(tiny):
 
 NEW_TOKENS = 24
 NUM_PROMPTS = 8
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    return default_model()
 
 
 @pytest.fixture(scope="module")
