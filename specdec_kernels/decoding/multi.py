@@ -36,8 +36,6 @@ Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes 
 
 from __future__ import annotations
 
-import torch
-
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
 from specdec_kernels.decoding.drafter import (
     ChainProposal,
@@ -46,6 +44,7 @@ from specdec_kernels.decoding.drafter import (
     StepOutcome,
     TreeProposal,
 )
+from specdec_kernels.tree import Tree, stack_trees
 
 __all__ = ["CandidateTree", "MultiDrafter", "OutcomeJudge", "budgeted_trees", "judge"]
 
@@ -121,6 +120,10 @@ class CandidateTree:
     def child(self, node: int, token: int) -> int | None:
         return self._children[node].get(token)
 
+    def children(self, node: int) -> dict:
+        """``{token: node}`` of ``node``'s children."""
+        return self._children[node]
+
 
 def depth_class(depth: int) -> str:
     """Bucket of a proposal's depth: ``"1-2"``, ``"3-4"``, ``"5-8"`` or ``"9+"``."""
@@ -173,7 +176,7 @@ def budgeted_trees(
     depths : list of int
         Each tree's depth.
     """
-    trees = []
+    scored = []
     for cand, left in zip(candidates, remaining):
         cond = [1.0] + [
             stats.combined({cand.label(p): r for p, r in cand.sources[j].items()},
@@ -181,24 +184,17 @@ def budgeted_trees(
             else 0.0
             for j in range(1, len(cand))
         ]
-        trees.append((cand.parents, path_probabilities(cand.parents, cond)))
-    kept, _, _ = budget.choose(trees)
-    sequences = []
+        scored.append((cand.parents, path_probabilities(cand.parents, cond)))
+    kept, _, _ = budget.choose(scored)
+    trees = []
     for cand, nodes in zip(candidates, kept):
         index = {node: i for i, node in enumerate(nodes)}
-        sequences.append((
-            [cand.tokens[n] for n in nodes],
-            [-1] + [index[cand.parents[n]] for n in nodes[1:]],
+        trees.append(Tree(
+            parents=[-1] + [index[cand.parents[n]] for n in nodes[1:]],
+            tokens=[cand.tokens[n] for n in nodes],
         ))
-    width = max(len(t) for t, _ in sequences)
-    tokens = torch.zeros(len(sequences), width, dtype=torch.int64)
-    parents = torch.full((len(sequences), width), -2, dtype=torch.int64)
-    for b, (t, p) in enumerate(sequences):
-        tokens[b, : len(t)] = torch.tensor(t)
-        parents[b, : len(p)] = torch.tensor(p)
-    depths = [max((cand.depths[n] for n in nodes), default=0)
-              for cand, nodes in zip(candidates, kept)]
-    return tokens, parents, kept, depths
+    tokens, parents = stack_trees(trees)
+    return tokens, parents, kept, [max(t.depths) for t in trees]
 
 
 def accepted_path(cand: CandidateTree, emitted: list, num_accepted: int) -> list:
@@ -225,7 +221,7 @@ def judge(cand: CandidateTree, continuation: list, stats: AcceptanceStats) -> bo
     verification would accept it)."""
     node = 0
     for target in continuation:
-        children = cand._children[node]
+        children = cand.children(node)
         if not children:
             break
         nxt = children.get(target)
@@ -233,11 +229,11 @@ def judge(cand: CandidateTree, continuation: list, stats: AcceptanceStats) -> bo
             break
         node = nxt
     else:
-        if cand._children[node]:
+        if cand.children(node):
             return False  # the path may go on: wait for more tokens
     node = 0
     for target in continuation:
-        children = cand._children[node]
+        children = cand.children(node)
         for token, child in children.items():
             for prophet, rank in cand.sources[child].items():
                 stats.record(cand.label(prophet), cand.depths[child], rank, token == target)
@@ -313,6 +309,7 @@ class MultiDrafter(Drafter):
         self._candidates: list = []
         self._maps: list = []
         self._totals: dict = {}
+        self._emitted = 0
 
     def bind(self, runner, tokenizer) -> None:
         for d in self.drafters:
@@ -338,7 +335,7 @@ class MultiDrafter(Drafter):
         self._judge = OutcomeJudge(state.batch)
         self._totals = {n: {"proposed": 0, "verified": 0, "accepted": 0, "sole": 0}
                         for n in self.names}
-        self._totals["_emitted"] = 0
+        self._emitted = 0
 
     def propose(self, state: DecodeState) -> TreeProposal:
         batch = state.batch
@@ -374,7 +371,7 @@ class MultiDrafter(Drafter):
             start = outcome.previous_starts[b] + 1
             emitted = state.contexts[b][start : start + n + 1]
             path = accepted_path(cand, emitted, n)
-            self._totals["_emitted"] += n + 1
+            self._emitted += n + 1
             for node in path:
                 sources = cand.sources[node]
                 for name in sources:
@@ -401,7 +398,7 @@ class MultiDrafter(Drafter):
             d.finish()
 
     def report(self) -> dict:
-        emitted = max(self._totals.get("_emitted", 0), 1)
+        emitted = max(self._emitted, 1)
         prophets = {}
         for name in self.names:
             t = self._totals.get(name, {})
@@ -412,7 +409,7 @@ class MultiDrafter(Drafter):
                 "drafts_accepted_alone": t.get("sole", 0),
                 "share_of_emitted_tokens": round(t.get("accepted", 0) / emitted, 4),
             }
-        return {"prophets": prophets, "emitted_tokens": self._totals.get("_emitted", 0),
+        return {"prophets": prophets, "emitted_tokens": self._emitted,
                 "acceptance_by_depth_rank": self.stats.table()}
 
 

@@ -53,7 +53,7 @@ def frequency_trie(root: int, continuations: list, max_nodes: int, name: str) ->
         parent = nodes.get(prefix[:-1])
         if parent is None:
             continue
-        rank = sum(1 for t in tree._children[parent])
+        rank = len(tree.children(parent))
         nodes[prefix] = tree.add(parent, prefix[-1], name, rank)
     return tree
 
