@@ -87,15 +87,18 @@ def torch_step(model, prefix: int):
     (the cache cropped back to the prefix every time, as a verification step sees it)."""
     from transformers import DynamicCache
 
+    from specdec_kernels.models.hf_compat import cache_kwargs
+
     device = str(model.device)
     cache = DynamicCache(config=model.config)
     prompt = torch.randint(model.config.vocab_size, (1, prefix), device=device)
-    model(input_ids=prompt, past_key_values=cache, use_cache=True)
+    cached = cache_kwargs(model, cache)
+    model(input_ids=prompt, use_cache=True, **cached)
 
     def step(new):
         positions = torch.arange(prefix, prefix + new.shape[1], device=device).unsqueeze(0)
         _crop(cache, prefix)
-        model(input_ids=new, past_key_values=cache, position_ids=positions, use_cache=True)
+        model(input_ids=new, position_ids=positions, use_cache=True, **cached)
 
     return step
 

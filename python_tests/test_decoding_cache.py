@@ -18,6 +18,7 @@ from specdec_kernels.decoding import (
     StopCriteria,
 )
 from specdec_kernels.decoding.step import SamplingParams
+from specdec_kernels.models.hf_compat import cache_kwargs
 
 STEPS = 14
 
@@ -26,7 +27,7 @@ STEPS = 14
 def fresh_kv(model, tokens):
     """Per-layer (K, V) ``[H, n, D]`` of a plain HF prefill of ``tokens``."""
     cache = DynamicCache()  # no config: full-length layers, sliding ones too
-    model(torch.tensor([tokens], device=model.device), past_key_values=cache, use_cache=True)
+    model(torch.tensor([tokens], device=model.device), use_cache=True, **cache_kwargs(model, cache))
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
 

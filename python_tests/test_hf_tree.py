@@ -18,6 +18,7 @@ from specdec_kernels.models.hf_tree_attention import (  # noqa: E402
     tree_kernel_forward_kwargs,
     tree_mask_forward_kwargs,
 )
+from specdec_kernels.models.hf_compat import cache_kwargs, output_cache  # noqa: E402
 from specdec_kernels.tree import stack_trees, tree_from_parents, tree_from_sequences  # noqa: E402
 
 VOCAB = 97
@@ -73,7 +74,7 @@ def prefill_left_padded(model, prefixes):
     ids, valid = ids.to(model.device), valid.to(model.device)
     positions = (valid.cumsum(-1) - 1).clamp(min=0)
     out = model(ids, attention_mask=valid, position_ids=positions, use_cache=True)
-    return out.past_key_values, valid
+    return output_cache(out), valid
 
 
 FAMILIES = ["llama", "qwen2", "gemma3"]
@@ -91,7 +92,7 @@ def test_mask_path_ragged_batch(device, family):
     tokens, parents = stack_trees(trees, device=device)
     kwargs = tree_mask_forward_kwargs(model.config, parents, valid,
                                       sliding_prefix_valid=valid[:, -(WINDOW - 1):])
-    logits = model(tokens, past_key_values=cache, **kwargs).logits
+    logits = model(tokens, **cache_kwargs(model, cache), **kwargs).logits
     assert_tree_logits_match(model, prefixes, trees, logits)
 
 
@@ -107,7 +108,7 @@ def test_kernel_path(device, family):
     out = model(torch.tensor(prefixes, device=device), use_cache=True)
     tokens, parents = stack_trees(trees, device=device)
     lens = torch.tensor([9, 9], device=device)
-    logits = model(tokens, past_key_values=out.past_key_values,
+    logits = model(tokens, **cache_kwargs(model, output_cache(out)),
                    **tree_kernel_forward_kwargs(parents, lens)).logits
     assert_tree_logits_match(model, prefixes, trees, logits)
 
@@ -125,7 +126,7 @@ def test_kernel_path_calls_the_op(device, monkeypatch):
     out = model(torch.tensor([[1, 2, 3]], device=device), use_cache=True)
     assert not calls  # prefill: sdpa fallback
     tokens, parents = stack_trees([random_tree(torch.Generator().manual_seed(3), 4)], device=device)
-    model(tokens, past_key_values=out.past_key_values,
+    model(tokens, **cache_kwargs(model, output_cache(out)),
           **tree_kernel_forward_kwargs(parents, torch.tensor([3], device=device)))
     assert len(calls) == model.config.num_hidden_layers
 
@@ -142,9 +143,9 @@ def test_kernel_matches_mask_path_and_sdpa_prefill(device):
     pre_sdpa = sdpa(prefix, use_cache=True)
     pre_kernel = kernel(prefix, use_cache=True)
     torch.testing.assert_close(pre_kernel.logits, pre_sdpa.logits, atol=0, rtol=0)
-    masked = sdpa(tokens, past_key_values=pre_sdpa.past_key_values,
+    masked = sdpa(tokens, **cache_kwargs(sdpa, output_cache(pre_sdpa)),
                   **tree_mask_forward_kwargs(sdpa.config, parents, torch.ones_like(prefix))).logits
-    fused = kernel(tokens, past_key_values=pre_kernel.past_key_values,
+    fused = kernel(tokens, **cache_kwargs(kernel, output_cache(pre_kernel)),
                    **tree_kernel_forward_kwargs(parents, torch.tensor([10], device=device))).logits
     torch.testing.assert_close(fused, masked, atol=2e-5, rtol=1e-5)
 
@@ -177,10 +178,10 @@ def test_kernel_path_fp16_cuda():
     tokens, parents = stack_trees([random_tree(gen, 40)], device="cuda")
     model.set_attn_implementation("sdpa")
     pre = model(prefix, use_cache=True)
-    masked = model(tokens, past_key_values=pre.past_key_values,
+    masked = model(tokens, **cache_kwargs(model, output_cache(pre)),
                    **tree_mask_forward_kwargs(config, parents, torch.ones_like(prefix))).logits
     model.set_attn_implementation(register_tree_attention())
     pre = model(prefix, use_cache=True)
-    fused = model(tokens, past_key_values=pre.past_key_values,
+    fused = model(tokens, **cache_kwargs(model, output_cache(pre)),
                   **tree_kernel_forward_kwargs(parents, torch.tensor([300], device="cuda"))).logits
     torch.testing.assert_close(fused.float(), masked.float(), atol=2e-2, rtol=2e-2)

@@ -49,13 +49,15 @@ from pathlib import Path
 
 import torch
 
+from specdec_kernels.models.hf_compat import CACHE_INPUT_NAMES, cache_of
+
 __all__ = ["export_custom_generate", "generate", "generate_from_hub"]
 
 _SUPPORTED_MODES = ("greedy_search", "sample")
 _MODEL_INPUTS = {
     "attention_mask",
     "position_ids",
-    "past_key_values",
+    *CACHE_INPUT_NAMES,
     "use_cache",
     "logits_to_keep",
     "cache_position",
@@ -305,9 +307,9 @@ def _prompts(input_ids, model_kwargs) -> list:
             f"model inputs {extra} are not supported by specdec_kernels.hf.generate "
             "(text-only decoder inputs: input_ids and attention_mask)"
         )
-    cache = model_kwargs.get("past_key_values")
+    cache = cache_of(model_kwargs)
     if cache is not None and hasattr(cache, "get_seq_length") and cache.get_seq_length() > 0:
-        raise ValueError("continuing from a filled past_key_values cache is not supported")
+        raise ValueError("continuing from a filled cache (past_key_values) is not supported")
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         shape = None if input_ids is None else tuple(input_ids.shape)
         raise ValueError(f"input_ids [B, P] with P >= 1 are required, got {shape}")

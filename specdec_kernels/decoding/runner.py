@@ -18,6 +18,7 @@ from torch import Tensor
 from specdec_kernels.decoding import step
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.models.hf_compat import cache_kwargs
 from specdec_kernels.models.hf_tree_attention import register_tree_attention
 
 __all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "ModelRunner"]
@@ -161,7 +162,8 @@ class ModelRunner:
         kwargs = step.block_forward_kwargs(
             self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel, extra
         )
-        kwargs.update(input_ids=tokens, past_key_values=cache, use_cache=True)
+        kwargs.update(input_ids=tokens, use_cache=True)
+        kwargs.update(cache_kwargs(self.model, cache))
         if features and exit_layer is not None:
             raise ValueError("features are the full model's: not available with exit_layer")
         captured = {}

@@ -19,7 +19,7 @@ Example
 -------
 >>> register_tree_attention()
 >>> model.set_attn_implementation(ATTENTION_NAME)
->>> out = model(tree_tokens, past_key_values=cache, **tree_kernel_forward_kwargs(parents, lens))
+>>> out = model(tree_tokens, **cache_kwargs(model, cache), **tree_kernel_forward_kwargs(parents, lens))
 >>> out.logits[b, j]   # the target's prediction after tree node j
 """
 
@@ -116,7 +116,7 @@ def tree_kernel_forward_kwargs(
     -------
     dict
         ``position_ids`` ``[B, T]`` and the metadata under :data:`METADATA_KWARG`; pass with
-        ``input_ids`` = the tree's tokens ``[B, T]`` and ``past_key_values`` = the prefix cache.
+        ``input_ids`` = the tree's tokens ``[B, T]`` and the prefix cache (``cache``, ``past_key_values`` before transformers 5.24).
     """
     masks = ops.build_tree_masks(parents, prefix_lens)
     return {
