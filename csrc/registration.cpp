@@ -1,7 +1,7 @@
 // The one place where every specdec operator schema is declared.
 //
 // CPU kernels register themselves in csrc/*.cpp, CUDA kernels in csrc/cuda/*.cu, fake (meta)
-// kernels in specdec_kernels/ops.py. Mutating ops end in `_`, mark what they write with
+// kernels in specdec_kernels/ops/. Mutating ops end in `_`, mark what they write with
 // `Tensor(a!)` and return nothing; outputs have fixed shapes (-1 padded) so every op is
 // CUDA-graph safe and its fake kernel is trivial.
 

@@ -19,7 +19,7 @@ from specdec_kernels.decoding import (
 )
 from specdec_kernels.decoding.lookahead import NgramPool
 from specdec_kernels.decoding.runner import ModelRunner
-from specdec_kernels.decoding.step import SamplingParams
+from specdec_kernels.sampling import SamplingParams
 from specdec_kernels.tree import PAD_PARENT, pack_tree_mask, stack_trees, tree_from_parents
 
 # ----------------------------------------------------------------------------- the op

@@ -6,15 +6,17 @@ import torch
 
 from python_tests.conftest import INDEX_DTYPES
 from specdec_kernels import ops, reference
+from specdec_kernels.models.hf_masks import (
+    prefix_valid_from_lens,
+    tree_attention_bias_4d,
+    tree_attention_mask_4d,
+)
 from specdec_kernels.tree import (
     PAD_PARENT,
     Tree,
     pack_tree_mask,
-    prefix_valid_from_lens,
     sequence_nodes,
     stack_trees,
-    tree_attention_bias_4d,
-    tree_attention_mask_4d,
     tree_from_choices,
     tree_from_parents,
     tree_from_sequences,

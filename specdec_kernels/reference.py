@@ -12,16 +12,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specdec_kernels.ops import CacheList, as_cache_list
+from specdec_kernels.tree import pack_tree_mask, unpack_tree_mask
+from specdec_kernels.types import CacheList, LookaheadMasks, TreeMasks, as_cache_list
 
 # ----------------------------------------------------------------------------- tree attention
 
 
 def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
     """Reference of :func:`specdec_kernels.ops.build_tree_masks` (one node at a time)."""
-    from specdec_kernels.ops import TreeMasks
-    from specdec_kernels.tree import pack_tree_mask
-
     batch, nodes = parents.shape
     device = parents.device
     mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool, device=device)
@@ -49,9 +47,6 @@ def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
 
 def build_lookahead_masks(window: Tensor, levels: Tensor, tree_nodes: int, num_rows: int):
     """Reference of :func:`specdec_kernels.ops.build_lookahead_masks` (one cell at a time)."""
-    from specdec_kernels.ops import LookaheadMasks
-    from specdec_kernels.tree import pack_tree_mask
-
     batch = window.shape[0]
     columns = tree_nodes + num_rows
     device = window.device
@@ -89,8 +84,6 @@ def tree_attention(
     """Reference of :func:`specdec_kernels.ops.tree_attention`: SDPA with the dense mask over
     ``[prefix + tree]``, one request at a time, in the inputs' dtype (upcast them for an
     accurate reference)."""
-    from specdec_kernels.tree import unpack_tree_mask
-
     batch, nodes, q_heads, _ = q.shape
     group = q_heads // k_cache.shape[1]
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -171,11 +164,11 @@ def rollback_paged_kv_cache_(
 
 # ----------------------------------------------------------------------------- verification
 #
-# The executable specification of the sampling and verification ops (see the section comment
-# in specdec_kernels/ops.py). Scalar arithmetic is float32 (numpy.float32), vector arithmetic
-# float32 torch ops on CPU, long sums accumulate in double (torch.cumsum on CPU does), so the
-# compiled kernels agree with this code bit for bit on every weight and on every decision
-# except when a sum lands within a float32 rounding of a threshold.
+# The executable specification of the sampling and verification ops (see the rules in
+# specdec_kernels/ops/sampling.py). Scalar arithmetic is float32 (numpy.float32), vector
+# arithmetic float32 torch ops on CPU, long sums accumulate in double (torch.cumsum on CPU
+# does), so the compiled kernels agree with this code bit for bit on every weight and on every
+# decision except when a sum lands within a float32 rounding of a threshold.
 
 _M32 = 0xFFFFFFFF
 STREAM_VERIFY = 0

@@ -7,7 +7,6 @@ from typing import Sequence
 
 import torch
 
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
 from specdec_kernels.decoding.drafter import Drafter
 from specdec_kernels.decoding.engine import Engine, StopCriteria
@@ -15,6 +14,7 @@ from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
 from specdec_kernels.decoding.stats import RunStats
+from specdec_kernels.sampling import SamplingParams
 
 __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 
@@ -377,7 +377,7 @@ def generate(
     min_ps = _per_request(min_p, batch, "min_p")
     if any(not 0 <= m < 1 for m in min_ps):
         raise ValueError(f"min_p must be in [0, 1), got {min_p}")
-    params = step.SamplingParams.create(
+    params = SamplingParams.create(
         batch,
         temperature=temps,
         top_k=ks,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import step
+from specdec_kernels import ops
 from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, StepOutcome
 
 __all__ = ["AutoregressiveDrafter"]
@@ -119,10 +119,10 @@ class AutoregressiveDrafter(Drafter):
         for i in range(k):
             offsets = state.offsets + i
             if want_probs:
-                token, q = step.sample_with_probs(logits, state.draft_params, offsets)
+                token, q = ops.sample_with_probs(logits, state.draft_params, offsets)
                 probs.append(q)
             else:
-                token = step.sample(logits, state.draft_params, offsets)
+                token = ops.sample(logits, state.draft_params, offsets)
             tokens.append(token)
             if threshold is not None:
                 top = torch.softmax(logits, -1).amax(-1)

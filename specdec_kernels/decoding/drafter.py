@@ -60,7 +60,7 @@ from torch import Tensor
 if TYPE_CHECKING:
     from specdec_kernels.decoding.cache import KVCache
     from specdec_kernels.decoding.runner import ModelRunner
-    from specdec_kernels.decoding.step import SamplingParams
+    from specdec_kernels.sampling import SamplingParams
 
 __all__ = ["ChainProposal", "DecodeState", "Drafter", "ExtraRows", "StepOutcome", "TreeProposal"]
 

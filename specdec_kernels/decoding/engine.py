@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from specdec_kernels.decoding import step
+from specdec_kernels import ops
 from specdec_kernels.decoding.drafter import (
     ChainProposal,
     DecodeState,
@@ -38,7 +38,7 @@ from specdec_kernels.decoding.drafter import (
 )
 from specdec_kernels.decoding.runner import FEATURE_KINDS, ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
-from specdec_kernels.ops import build_tree_masks
+from specdec_kernels.sampling import SamplingParams
 
 __all__ = ["Engine", "EngineOutput", "Generation", "StopCriteria"]
 
@@ -161,7 +161,7 @@ class Engine:
     def run(
         self,
         prompts: list,
-        params: step.SamplingParams,
+        params: SamplingParams,
         stop: StopCriteria,
         on_emit: "Callable[[int, list, bool], None] | None" = None,
         *,
@@ -195,7 +195,7 @@ class Engine:
     def start(
         self,
         prompts: list,
-        params: step.SamplingParams,
+        params: SamplingParams,
         stop: StopCriteria,
         on_emit: "Callable[[int, list, bool], None] | None" = None,
         *,
@@ -234,7 +234,7 @@ class Engine:
             params=params,
             draft_params=_draft_params(params),
             offsets=torch.zeros(batch, dtype=torch.int64, device=device),
-            greedy=step.all_greedy(params),
+            greedy=bool((params.temperature <= 0).all()),  # one device read per run
             remaining=list(stop.max_new_tokens),
         )
         if features is not None:
@@ -332,18 +332,18 @@ class Engine:
             if parents is None:
                 depth = torch.arange(width, device=block.device).expand(block.shape[0], width)
             else:
-                depth = build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
+                depth = ops.build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
             verified = _mask_eos(verified, depth, eos_blocked, eos_ids)
         typical = getattr(proposal, "typical", None)  # TreeProposal.typical: lossy, Medusa's
         # Error checks wait for the step's one sync (below) instead of adding one.
-        with step.deferred_errors():
+        with ops.deferred_errors():
             if typical is not None:
-                nodes, tokens, num_accepted = step.typical_verify_tree(
+                nodes, tokens, num_accepted = ops.typical_verify_tree(
                     proposal.tokens, parents, verified, state.params, state.offsets, *typical
                 )
             elif parents is None:
                 # K = 0 (plain decoding) goes through the same op: one random stream per method.
-                tokens, num_accepted = step.verify_chain(
+                tokens, num_accepted = ops.verify_chain(
                     proposal.tokens,
                     proposal.num_draft,
                     verified,
@@ -352,7 +352,7 @@ class Engine:
                     state.offsets,
                 )
             else:
-                nodes, tokens, num_accepted = step.verify_tree(
+                nodes, tokens, num_accepted = ops.verify_tree(
                     proposal.tokens, parents, verified, proposal.probs, state.params,
                     state.offsets,
                 )
@@ -377,7 +377,7 @@ class Engine:
         # Each request's random streams move past every position its verification could use.
         state.offsets = state.offsets + used
         host = torch.cat([num_accepted[:, None], tokens], 1).tolist()  # the step's one sync
-        step.raise_deferred_errors()  # the verification's error codes landed by that sync
+        ops.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
         return accepted, emitted, logits, width
@@ -389,8 +389,8 @@ class Engine:
         state.remaining = [state.remaining[b] for b in keep_rows]
         state.pending = state.pending.index_select(0, index)
         state.offsets = state.offsets.index_select(0, index)
-        state.params = step.select_params(state.params, index)
-        state.draft_params = step.select_params(state.draft_params, index)
+        state.params = state.params.select(index)
+        state.draft_params = state.draft_params.select(index)
         if state.features is not None:
             state.features = state.features.index_select(0, index)
             state.feature_counts = state.feature_counts.index_select(0, index)
@@ -408,6 +408,6 @@ def _mask_eos(logits, depth, eos_blocked: list, eos_ids) -> torch.Tensor:
     return logits.index_copy(2, eos, masked)
 
 
-def _draft_params(params: step.SamplingParams) -> step.SamplingParams:
+def _draft_params(params: SamplingParams) -> SamplingParams:
     """The target's sampling parameters with seeds for an independent random stream."""
     return dataclasses.replace(params, seed=params.seed ^ _DRAFT_SEED_SALT)

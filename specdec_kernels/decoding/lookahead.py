@@ -39,7 +39,6 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.drafter import (
     ChainProposal,
     DecodeState,
@@ -48,6 +47,7 @@ from specdec_kernels.decoding.drafter import (
     StepOutcome,
     TreeProposal,
 )
+from specdec_kernels.tree import stack_trees, tree_from_sequences
 
 __all__ = ["DEFAULTS", "JacobiDrafter", "LookaheadDrafter", "NgramPool"]
 
@@ -120,7 +120,7 @@ def _draw(logits: Tensor, state: DecodeState) -> list:
     else:
         offsets = state.offsets[:, None] + torch.arange(columns, device=logits.device)
         params = state.draft_params.repeat_interleave(columns)
-        tokens = step.sample(flat, params, offsets.reshape(-1))
+        tokens = ops.sample(flat, params, offsets.reshape(-1))
     return tokens.view(batch, columns).tolist()
 
 
@@ -232,14 +232,14 @@ class LookaheadDrafter(Drafter):
             sequences = []
             if limit > 0:
                 sequences = [c[:limit] for c in request["pool"].candidates(root)]
-            trees.append(step.tree_from_sequences(
+            trees.append(tree_from_sequences(
                 sequences, root, max_nodes=1 + self.max_candidates * depth, max_depth=depth
             ))
             depths.append(max((len(s) for s in sequences), default=0))
             levels = request["levels"]
             window_tokens.append(levels[0][1:] + [t for level in levels[1:] for t in level])
         device = state.pending.device
-        tokens, parents = step.stack_trees(trees)
+        tokens, parents = stack_trees(trees)
         tokens = tokens.to(device, non_blocking=True)
         parents = parents.to(device, non_blocking=True)
         extra = None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import step
+from specdec_kernels import ops
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
 
@@ -381,9 +381,9 @@ class MedusaDrafter(_HeadsDrafter):
             # Every node is an independent draw from its head's processed distribution q.
             rows = self._full_vocab(logits)[:, self._depth_index]  # [B, T - 1, V]
             index = torch.arange(batch, device=rows.device).repeat_interleave(size - 1)
-            params = step.select_params(state.draft_params, index)
+            params = state.draft_params.select(index)
             offsets = (state.offsets[:, None] + torch.arange(1, size, device=rows.device))
-            drafts, q = step.sample_with_probs(
+            drafts, q = ops.sample_with_probs(
                 rows.reshape(batch * (size - 1), -1), params, offsets.reshape(-1)
             )
             drafts = drafts.view(batch, size - 1)

@@ -6,8 +6,8 @@ runs, and the cost per step is a few microseconds."""
 
 from __future__ import annotations
 
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, TreeProposal
+from specdec_kernels.tree import stack_trees, tree_from_sequences
 
 __all__ = ["NgramIndex", "PromptLookupDrafter"]
 
@@ -158,7 +158,7 @@ class PromptLookupDrafter(Drafter):
             sequences.append(seq)
             nodes += added
         depth = max((len(s) for s in sequences), default=0)
-        tree = step.tree_from_sequences(
+        tree = tree_from_sequences(
             sequences, root, max_nodes=self.max_nodes + 1, max_depth=max(depth, 1)
         )
         return tree, depth
@@ -170,7 +170,7 @@ class PromptLookupDrafter(Drafter):
             tree, depth = self._tree(index, ctx[-1], state.remaining[b])
             trees.append(tree)
             depths.append(depth)
-        tokens, parents = step.stack_trees(trees)
+        tokens, parents = stack_trees(trees)
         device = state.pending.device
         return TreeProposal(
             tokens.to(device, non_blocking=True), parents.to(device, non_blocking=True), depths

@@ -15,11 +15,11 @@ import inspect
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import step
+from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
 from specdec_kernels.models.hf_compat import cache_kwargs
-from specdec_kernels.models.hf_tree_attention import register_tree_attention
+from specdec_kernels.models.hf_tree_attention import ATTENTION_NAME, register_tree_attention
 
 __all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "ModelRunner"]
 
@@ -63,7 +63,7 @@ class ModelRunner:
         kernel, so that verifying ``T`` tokens costs little more than one and yields exactly
         the logits of one-token decoding. Default: on for CPU models. From the first forward
         until :meth:`release`, the model's attention implementation is
-        :data:`~specdec_kernels.decoding.step.ATTENTION_NAME` (which behaves as sdpa in forwards
+        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves as sdpa in forwards
         without tree metadata); a model that cannot switch keeps the 4-D mask path.
     """
 
@@ -81,7 +81,7 @@ class ModelRunner:
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         # Models set to the registered tree-attention kernel get tree metadata, not masks.
-        self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == step.ATTENTION_NAME
+        self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         self.device, self.dtype = first.device, first.dtype
 
     def _use_cpu_kernels(self) -> bool:
@@ -91,8 +91,8 @@ class ModelRunner:
         if not self.uses_tree_kernel and self._previous_attention is None:
             self._previous_attention = self.config._attn_implementation
             register_tree_attention()
-            self.model.set_attn_implementation(step.ATTENTION_NAME)
-            self.uses_tree_kernel = self.config._attn_implementation == step.ATTENTION_NAME
+            self.model.set_attn_implementation(ATTENTION_NAME)
+            self.uses_tree_kernel = self.config._attn_implementation == ATTENTION_NAME
         return True
 
     def release(self) -> None:
@@ -156,10 +156,10 @@ class ModelRunner:
         cpu_kernels = self._use_cpu_kernels()
         rows = 0 if extra is None else extra.num_rows  # extra rows follow the chain/tree
         if parents is None:
-            parents = step.chain_parents(batch, width - rows, self.device)
+            parents = chain_parents(batch, width - rows, self.device)
         prefix_lens = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
         cache.plan_write(starts, width)
-        kwargs = step.block_forward_kwargs(
+        kwargs = block_forward_kwargs(
             self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel, extra
         )
         kwargs.update(input_ids=tokens, use_cache=True)
