@@ -37,8 +37,12 @@ from specdec_kernels.decoding import (
     generate,
     make_drafter,
 )
-from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
-from specdec_kernels.decoding.multi import CandidateTree
+from specdec_kernels.decoding.budget import (
+    AcceptanceStats,
+    CandidateTree,
+    TreeBudget,
+    path_probabilities,
+)
 from specdec_kernels.decoding.retrieval import frequency_trie
 from specdec_kernels.retrieval import Datastore, build_datastore, read_corpus
 

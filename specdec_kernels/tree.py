@@ -9,7 +9,8 @@ This module builds trees on the host, from
 
 - a parent array (:func:`tree_from_parents`),
 - a Medusa-style list of top-k rank paths (:func:`tree_from_choices`),
-- several drafters' token sequences merged by common prefix (:func:`tree_from_sequences`),
+- several drafters' token sequences merged by common prefix (:func:`tree_from_sequences`,
+  or token by token in a :class:`Trie`),
 
 checks them (:class:`ValueError` with the offending node on any malformed input) and stacks a
 batch of ragged trees into padded tensors for the ops (:func:`stack_trees`). The 4-D masks that
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_NODES",
     "PAD_PARENT",
     "Tree",
+    "Trie",
     "pack_tree_mask",
     "sequence_nodes",
     "stack_trees",
@@ -190,6 +192,17 @@ class Tree:
         """Root-to-leaf paths, one per leaf in :attr:`leaves` order."""
         return [self.path(leaf) for leaf in self.leaves]
 
+    @property
+    def choices(self) -> list[tuple[int, ...]]:
+        """The rank path of every node after the root, in node order (trees with
+        :attr:`ranks`, e.g. from :func:`tree_from_choices`, of which this is the inverse)."""
+        if self.ranks is None:
+            raise ValueError("the tree has no ranks: build it with tree_from_choices")
+        paths: list[tuple[int, ...]] = [()]
+        for j in range(1, len(self.parents)):
+            paths.append(paths[self.parents[j]] + (self.ranks[j],))
+        return paths[1:]
+
     def with_tokens(self, tokens: Sequence[int] | Tensor) -> "Tree":
         """The same tree shape carrying ``tokens`` (one per node, the root's first)."""
         return Tree(list(self.parents), tokens=_check_tokens(tokens, len(self.parents)),
@@ -287,7 +300,7 @@ def tree_from_choices(
             raise ValueError(f"choice {list(path)} appears more than once")
         if path[:-1] not in node_of:
             raise ValueError(
-                f"choice {list(path)} has no parent: its prefix {list(path[:-1])} is not a choice"
+                f"choice {list(path)} has no parent: the list lacks its parent {list(path[:-1])}"
             )
         node_of[path] = len(parents)
         parents.append(node_of[path[:-1]])
@@ -331,8 +344,7 @@ def tree_from_sequences(
         A negative token, or a merged tree over the limits.
     """
     (root_token,) = _as_int_list([root_token], "root_token")
-    parents, tokens = [-1], [root_token]
-    child_of: dict[tuple[int, int], int] = {}
+    trie = Trie(root_token)
     for i, sequence in enumerate(sequences):
         sequence = _as_int_list(sequence, f"sequences[{i}]")
         if len(sequence) > max_depth:
@@ -343,15 +355,76 @@ def tree_from_sequences(
         for token in sequence:
             if token < 0:
                 raise ValueError(f"sequences[{i}] holds a negative token {token}")
-            key = (node, token)
-            if key not in child_of:
-                if len(parents) >= max_nodes:
-                    raise ValueError(f"the merged tree exceeds max_nodes={max_nodes}")
-                child_of[key] = len(parents)
-                parents.append(node)
-                tokens.append(token)
-            node = child_of[key]
-    return Tree(parents, tokens=tokens)
+            if trie.child(node, token) is None and len(trie) >= max_nodes:
+                raise ValueError(f"the merged tree exceeds max_nodes={max_nodes}")
+            node = trie.add(node, token)
+    return trie.tree()
+
+
+class Trie:
+    """A tree of tokens that grows one node at a time, merging by common prefix: the child of a
+    node for a token is made once, so a continuation added twice (by two drafters, or twice by
+    one) is one node. Nodes are numbered in order of creation, parents first.
+
+    Parameters
+    ----------
+    root_token : int
+        The token of node 0.
+
+    Attributes
+    ----------
+    tokens, parents, depths : list of int
+        Per node (node 0 the root: parent ``-1``, depth 0).
+    """
+
+    def __init__(self, root_token: int):
+        self.tokens, self.parents, self.depths = [int(root_token)], [-1], [0]
+        self._children: list[dict] = [{}]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int) -> int:
+        """The child of ``parent`` for ``token``, made if new."""
+        node = self._children[parent].get(token)
+        if node is None:
+            node = len(self.tokens)
+            self._children[parent][token] = node
+            self.tokens.append(int(token))
+            self.parents.append(parent)
+            self.depths.append(self.depths[parent] + 1)
+            self._children.append({})
+        return node
+
+    def child(self, node: int, token: int) -> int | None:
+        """The child of ``node`` for ``token``, or None."""
+        return self._children[node].get(token)
+
+    def children(self, node: int) -> dict:
+        """``{token: node}`` of ``node``'s children, in order of creation."""
+        return self._children[node]
+
+    def follow(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes (after the root) that spell the longest prefix of ``tokens`` the trie
+        holds."""
+        path, node = [], 0
+        for token in tokens:
+            node = self._children[node].get(token)
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def tree(self, nodes: Sequence[int] | None = None) -> Tree:
+        """The trie as a :class:`Tree` with tokens, or only ``nodes`` (increasing, the root
+        first, every node's parent among them), renumbered in that order."""
+        if nodes is None:
+            return Tree(list(self.parents), tokens=list(self.tokens))
+        index = {node: i for i, node in enumerate(nodes)}
+        return Tree(
+            parents=[-1] + [index[self.parents[n]] for n in nodes[1:]],
+            tokens=[self.tokens[n] for n in nodes],
+        )
 
 
 def sequence_nodes(tree: Tree, sequence: Sequence[int]) -> list[int]:

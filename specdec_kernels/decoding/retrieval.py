@@ -10,9 +10,14 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
+from specdec_kernels.decoding.budget import (
+    AcceptanceStats,
+    CandidateTree,
+    OutcomeJudge,
+    TreeBudget,
+    budgeted_trees,
+)
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
-from specdec_kernels.decoding.multi import CandidateTree, OutcomeJudge, budgeted_trees
 
 __all__ = ["DEFAULT_DATASTORE", "RetrievalDrafter", "default_datastore_path"]
 
@@ -54,7 +59,7 @@ def frequency_trie(root: int, continuations: list, max_nodes: int, name: str) ->
         if parent is None:
             continue
         rank = len(tree.children(parent))
-        nodes[prefix] = tree.add(parent, prefix[-1], name, rank)
+        nodes[prefix] = tree.propose(parent, prefix[-1], name, rank)
     return tree
 
 

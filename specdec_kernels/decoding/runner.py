@@ -63,8 +63,8 @@ class ModelRunner:
         kernel, so that verifying ``T`` tokens costs little more than one and yields exactly
         the logits of one-token decoding. Default: on for CPU models. From the first forward
         until :meth:`release`, the model's attention implementation is
-        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves as sdpa in forwards
-        without tree metadata); a model that cannot switch keeps the 4-D mask path.
+        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves as sdpa
+        in forwards without tree metadata); a model that cannot switch keeps the 4-D mask path.
     """
 
     def __init__(self, model, *, cpu_kernels: bool | None = None):
