@@ -1,8 +1,8 @@
 """The decoding loop: prefill, then one shared step until every request stops.
 
-Each step: the drafter proposes (a chain or a tree) -> the target verifies the whole block in
-one forward -> the verification op decides -> the KV op commits the accepted path -> tokens
-are emitted. Methods differ only in the drafter. The step reads the device once, to learn
+Each step: the drafter proposes (a chain or a tree) -> the target runs the whole block in one
+forward -> the proposal's acceptance rule decides (one verification op) -> the KV op commits
+the accepted path -> tokens are emitted. Methods differ only in the drafter. The step reads the device once, to learn
 what was accepted.
 
 Callers can watch a run through one callback, ``on_emit(request, tokens, finished)`` (see
@@ -28,17 +28,18 @@ from typing import Callable
 import torch
 
 from specdec_kernels import ops
+from specdec_kernels.decoding.acceptance import Verdict
 from specdec_kernels.decoding.drafter import (
-    ChainProposal,
     DecodeState,
     Drafter,
     NoDrafter,
+    Proposal,
     StepOutcome,
-    TreeProposal,
 )
 from specdec_kernels.decoding.runner import FEATURE_KINDS, ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
 from specdec_kernels.sampling import SamplingParams
+from specdec_kernels.tree import PAD_PARENT
 
 __all__ = ["Engine", "EngineOutput", "Generation", "StopCriteria"]
 
@@ -260,6 +261,8 @@ class Engine:
         state, stop, stats = gen.state, gen.stop, gen.stats
         t0 = time.perf_counter()
         proposal = self.drafter.propose(state)
+        if not isinstance(proposal, Proposal):
+            raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
         t1 = time.perf_counter()
         eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
         num_accepted, emitted, logits, proposal_width = self._verify_and_commit(
@@ -307,80 +310,58 @@ class Engine:
         self.runner.release()
         return EngineOutput(gen.outputs, gen.reasons, gen.stats)
 
-    def _verify_and_commit(self, state: DecodeState, proposal, eos_blocked=None, eos_ids=()):
-        """Target forward over the block, verification, KV commit; one device read.
+    def _verify_and_commit(self, state: DecodeState, proposal: Proposal, eos_blocked=None,
+                           eos_ids=()):
+        """Target forward over the block, the proposal's acceptance rule, KV commit; one device
+        read.
 
         ``eos_blocked[b]``: the block rows of request ``b`` at depth below it get the EOS ids
         masked out of the target logits (``min_new_tokens``); ``None`` when no row needs it.
         Returns the accepted counts and emitted tokens per request, the block's logits and
         the width of its verified part (extra rows follow it)."""
-        runner, cache = self.runner, state.cache
-        want = self.features is not None
-        if isinstance(proposal, ChainProposal):
-            block, parents = torch.cat([state.pending[:, None], proposal.tokens], 1), None
-        elif isinstance(proposal, TreeProposal):
-            block, parents = proposal.tokens, proposal.parents
-        else:
-            raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
-        width, extra = block.shape[1], proposal.extra
-        if extra is not None:  # rows run with the block, never verified (drafter.ExtraRows)
-            block = torch.cat([block, extra.tokens], 1)
-        out = runner.forward(cache, block, cache.host_lens, parents, extra=extra, features=want)
-        logits, hidden = out if want else (out, None)
+        tokens, parents = proposal.block(state.pending)
+        width, extra = tokens.shape[1], proposal.extra
+        logits, hidden = self._forward(state, tokens, parents, extra)
         verified = logits if extra is None else logits[:, :width].contiguous()
         if eos_blocked is not None and eos_ids:
-            if parents is None:
-                depth = torch.arange(width, device=block.device).expand(block.shape[0], width)
-            else:
-                depth = ops.build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
+            depth = ops.build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
             verified = _mask_eos(verified, depth, eos_blocked, eos_ids)
-        typical = getattr(proposal, "typical", None)  # TreeProposal.typical: lossy, Medusa's
         # Error checks wait for the step's one sync (below) instead of adding one.
         with ops.deferred_errors():
-            if typical is not None:
-                nodes, tokens, num_accepted = ops.typical_verify_tree(
-                    proposal.tokens, parents, verified, state.params, state.offsets, *typical
-                )
-            elif parents is None:
-                # K = 0 (plain decoding) goes through the same op: one random stream per method.
-                tokens, num_accepted = ops.verify_chain(
-                    proposal.tokens,
-                    proposal.num_draft,
-                    verified,
-                    proposal.probs,
-                    state.params,
-                    state.offsets,
-                )
-            else:
-                nodes, tokens, num_accepted = ops.verify_tree(
-                    proposal.tokens, parents, verified, proposal.probs, state.params,
-                    state.offsets,
-                )
-        if parents is None:
-            rows = torch.arange(width, device=block.device).expand(block.shape[0], width)
-            used = proposal.num_draft + 1
-        else:
-            rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
-            used = (parents != -2).sum(1)
+            verdict = proposal.verify(verified, state.params, state.offsets)
+        self._commit(state, verdict, hidden)
+        # Each request's random streams move past every position its verification could use.
+        used = (parents != PAD_PARENT).sum(1)
         if extra is not None:
             used = used + (extra.positions >= 0).sum(1)
-
-        counts = num_accepted + 1
-        keep = torch.arange(rows.shape[1], device=rows.device)[None, :] < counts[:, None]
-        positions = torch.where(keep, cache.lens[:, None] + rows, torch.full_like(rows, -1))
-        cache.compact(positions, counts)
-        if hidden is not None:  # the accepted rows' features, in path order (device only)
-            index = rows.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
-            state.features = hidden.gather(1, index)
-            state.feature_counts = counts
-        state.pending = tokens.gather(1, num_accepted[:, None]).squeeze(1)
-        # Each request's random streams move past every position its verification could use.
         state.offsets = state.offsets + used
-        host = torch.cat([num_accepted[:, None], tokens], 1).tolist()  # the step's one sync
+        host = torch.cat([verdict.num_accepted[:, None], verdict.tokens], 1).tolist()  # the sync
         ops.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
         return accepted, emitted, logits, width
+
+    def _forward(self, state: DecodeState, tokens, parents, extra):
+        """The target's logits over the block then its extra rows (run with the block, never
+        verified: drafter.ExtraRows), and the final-norm features when the drafter asks."""
+        if extra is not None:
+            tokens = torch.cat([tokens, extra.tokens], 1)
+        want = self.features is not None
+        out = self.runner.forward(state.cache, tokens, state.cache.host_lens, parents,
+                                  extra=extra, features=want)
+        return out if want else (out, None)
+
+    def _commit(self, state: DecodeState, verdict: Verdict, hidden) -> None:
+        """Keep the accepted path's K/V (and features), make each next token pending."""
+        rows, counts = verdict.rows, verdict.num_accepted + 1
+        keep = torch.arange(rows.shape[1], device=rows.device)[None, :] < counts[:, None]
+        positions = torch.where(keep, state.cache.lens[:, None] + rows, torch.full_like(rows, -1))
+        state.cache.compact(positions, counts)
+        if hidden is not None:  # the accepted rows' features, in path order (device only)
+            index = rows.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
+            state.features = hidden.gather(1, index)
+            state.feature_counts = counts
+        state.pending = verdict.tokens.gather(1, verdict.num_accepted[:, None]).squeeze(1)
 
     def _select(self, state: DecodeState, keep_rows: list) -> None:
         index = torch.tensor(keep_rows, dtype=torch.int64, device=state.pending.device)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
+from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
 from specdec_kernels.decoding.budget import TreeBudget, path_probabilities
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
@@ -325,13 +326,16 @@ class MedusaDrafter(_HeadsDrafter):
                 f"{posterior_threshold}, {posterior_alpha}"
             )
         self.acceptance = acceptance
-        self.typical = (float(posterior_threshold), float(posterior_alpha))
+        self.rule = LOSSLESS
+        if acceptance == "typical":
+            self.rule = Typical(float(posterior_threshold), float(posterior_alpha))
 
     def describe(self) -> dict:
         out = super().describe()
         out["acceptance"] = self.acceptance
         if self.acceptance == "typical":
-            out["posterior_threshold"], out["posterior_alpha"] = self.typical
+            out["posterior_threshold"] = self.rule.posterior_threshold
+            out["posterior_alpha"] = self.rule.posterior_alpha
         return out
 
     def propose(self, state: DecodeState) -> TreeProposal:
@@ -357,10 +361,7 @@ class MedusaDrafter(_HeadsDrafter):
         parents = torch.where(keep, self._parents[None, :], torch.full_like(tokens, -2))
         tokens = torch.where(keep, tokens, torch.zeros_like(tokens))
         depths = [min(self.tree.depth, max(r - 1, 0)) for r in state.remaining]
-        return TreeProposal(
-            tokens, parents, depths, probs,
-            typical=self.typical if self.acceptance == "typical" else None,
-        )
+        return TreeProposal(tokens, parents, depths, probs, acceptance=self.rule)
 
 
 class BlockwiseDrafter(_HeadsDrafter):

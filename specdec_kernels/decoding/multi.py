@@ -28,8 +28,8 @@ What the prophets are told
 After the step, prophet ``p`` receives a :class:`StepOutcome` whose ``num_accepted[b]`` is the
 number of leading accepted drafts that it had proposed itself (its chain's matching prefix,
 whether or not the budget kept its whole proposal), without logits. Drafters whose proposals
-carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or ask for typical acceptance
-cannot be merged (``ValueError``).
+carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or an acceptance rule other than
+``LOSSLESS`` cannot be merged (``ValueError``).
 
 Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes verified
 (kept by the budget), accepted drafts it had proposed, and their share of the emitted tokens.
@@ -37,6 +37,7 @@ Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes 
 
 from __future__ import annotations
 
+from specdec_kernels.decoding.acceptance import LOSSLESS
 from specdec_kernels.decoding.budget import (
     AcceptanceStats,
     CandidateTree,
@@ -45,9 +46,9 @@ from specdec_kernels.decoding.budget import (
     budgeted_trees,
 )
 from specdec_kernels.decoding.drafter import (
-    ChainProposal,
     DecodeState,
     Drafter,
+    Proposal,
     StepOutcome,
     TreeProposal,
 )
@@ -55,25 +56,16 @@ from specdec_kernels.decoding.drafter import (
 __all__ = ["MultiDrafter"]
 
 
-def _host_trees(proposal, batch: int) -> list:
-    """Per request ``(tokens, parents)`` host lists of a chain or tree proposal (root first)."""
-    if isinstance(proposal, ChainProposal):
-        if proposal.extra is not None:
-            raise ValueError("drafters: a merged prophet may not propose extra rows")
-        width = proposal.tokens.shape[1]
-        drafts = proposal.tokens.tolist() if width else [[] for _ in range(batch)]
-        out = []
-        for b in range(batch):
-            k = proposal.depths[b]
-            out.append(([0] + drafts[b][:k], list(range(-1, k))))
-        return out
-    if isinstance(proposal, TreeProposal):
-        if proposal.extra is not None or proposal.typical is not None:
-            raise ValueError(
-                "drafters: a merged prophet may not propose extra rows or typical acceptance"
-            )
-        return list(zip(proposal.tokens.tolist(), proposal.parents.tolist()))
-    raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
+def _host_trees(proposal: Proposal, pending) -> list:
+    """Per request the ``(tokens, parents)`` host lists of a prophet's block (root first)."""
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
+    if proposal.extra is not None or proposal.acceptance != LOSSLESS:
+        raise ValueError(
+            "drafters: a merged prophet may not propose extra rows or a rule other than lossless"
+        )
+    tokens, parents = proposal.block(pending)
+    return list(zip(tokens.tolist(), parents.tolist()))
 
 
 class MultiDrafter(Drafter):
@@ -156,7 +148,7 @@ class MultiDrafter(Drafter):
         maps = [{} for _ in range(batch)]  # per request: prophet -> set of trie nodes
         for name, drafter in zip(self.names, self.drafters):
             proposal = drafter.propose(state)
-            for b, (tokens, parents) in enumerate(_host_trees(proposal, batch)):
+            for b, (tokens, parents) in enumerate(_host_trees(proposal, state.pending)):
                 where = candidates[b].add_tree(
                     tokens, parents, name, max_depth=max(state.remaining[b] - 1, 0)
                 )
