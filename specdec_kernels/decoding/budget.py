@@ -21,13 +21,9 @@ request, and the block's cost is ``c(B * (n + 1))`` (the step's linear layers se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.tree import Trie, stack_trees
-
-if TYPE_CHECKING:
-    from specdec_kernels.decoding.drafter import DecodeState, StepOutcome
 
 __all__ = [
     "CLASS_PRIORS",
@@ -362,12 +358,14 @@ class OutcomeJudge:
     def __init__(self, batch: int):
         self.pending = [[] for _ in range(batch)]
 
-    def add(self, state: "DecodeState", outcome: "StepOutcome", candidates: list,
+    def add(self, contexts: list, previous_starts: list, candidates: list,
             stats: AcceptanceStats) -> None:
-        """Queue this step's tries and judge every queued one that can be."""
+        """Queue this step's tries (rooted at the pending token after ``previous_starts[b]``
+        committed rows) and judge every queued one that ``contexts`` (prompt and emitted
+        tokens, ``DecodeState.contexts``) now settles."""
         for b, cand in enumerate(candidates):
-            self.pending[b].append((cand, outcome.previous_starts[b] + 1))
-            ctx = state.contexts[b]
+            self.pending[b].append((cand, previous_starts[b] + 1))
+            ctx = contexts[b]
             self.pending[b] = [
                 (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
             ]

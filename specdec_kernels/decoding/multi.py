@@ -188,7 +188,9 @@ class MultiDrafter(Drafter):
                 while count < len(path) and path[count] in mine:
                     count += 1
                 per_prophet[name].append(count)
-        self._judge.add(state, outcome, self._candidates, self.stats)
+        self._judge.add(
+            state.contexts, outcome.previous_starts, self._candidates, self.stats
+        )
         for name, drafter in zip(self.names, self.drafters):
             drafter.accept(state, StepOutcome(outcome.previous_starts, per_prophet[name]))
 

@@ -185,7 +185,9 @@ class RetrievalDrafter(Drafter):
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
         if self.use_budget:
-            self._judge.add(state, outcome, self._candidates, self.stats)
+            self._judge.add(
+                state.contexts, outcome.previous_starts, self._candidates, self.stats
+            )
 
     def select_requests(self, keep: list) -> None:
         self._judge.select_requests(keep)
