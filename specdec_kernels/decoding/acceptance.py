@@ -6,7 +6,8 @@ the rule makes the verification op call for a chain or a tree and answers with a
 
 - :data:`LOSSLESS` (the default): greedy requests emit the target's own greedy tokens, sampling
   requests exactly the target's distribution (rejection sampling against the drafts'
-  distributions, :func:`~specdec_kernels.ops.verify_chain` / :func:`~specdec_kernels.ops.verify_tree`).
+  distributions: :func:`~specdec_kernels.ops.verify_chain`,
+  :func:`~specdec_kernels.ops.verify_tree`).
 - :class:`Typical` ``(posterior_threshold, posterior_alpha)``: Medusa's typical acceptance
   (:func:`~specdec_kernels.ops.typical_verify_tree`); LOSSY when sampling, the target's greedy
   output for greedy requests. Draft distributions are not used.

@@ -2,8 +2,8 @@
 
 Each step: the drafter proposes (a chain or a tree) -> the target runs the whole block in one
 forward -> the proposal's acceptance rule decides (one verification op) -> the KV op commits
-the accepted path -> tokens are emitted. Methods differ only in the drafter. The step reads the device once, to learn
-what was accepted.
+the accepted path -> tokens are emitted. Methods differ only in the drafter. The step reads
+the device once, to learn what was accepted.
 
 Callers can watch a run through one callback, ``on_emit(request, tokens, finished)`` (see
 :meth:`Engine.start`): it receives each request's new tokens after every step, already cut at

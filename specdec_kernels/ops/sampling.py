@@ -189,9 +189,9 @@ def sample_with_probs(
     >>> import torch
     >>> from specdec_kernels import ops
     >>> from specdec_kernels.sampling import SamplingParams
-    >>> logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]])
+    >>> rows = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 1.0]])
     >>> params = SamplingParams.create(2, temperature=1.0, top_k=2)
-    >>> tokens, probs = ops.sample_with_probs(logits, params)
+    >>> tokens, probs = ops.sample_with_probs(rows, params)
     >>> (probs > 0).sum(-1)  # top-k = 2 keeps two tokens per row
     tensor([2, 2])
     >>> bool(probs.gather(1, tokens[:, None]).gt(0).all())  # each token drawn from its row's probs
