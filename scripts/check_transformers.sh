@@ -7,6 +7,7 @@
 #   bash scripts/check_transformers.sh floor    # the lowest transformers pyproject.toml allows
 #   bash scripts/check_transformers.sh latest   # the newest transformers and every other
 #                                               # unpinned dependency (scripts/check_latest.sh)
+#   bash scripts/check_transformers.sh 5.17.0   # one release (e.g. to find a new floor)
 #
 # Run from a checkout where `bash scripts/install.sh` (or `python3 setup.py build_ext
 # --inplace`) has built the extension. The default model is converted again from its GGUF
@@ -31,17 +32,18 @@ HF_TESTS=(
   python_tests/test_decoding_greedy.py::test_torch_kernels_match_hf_generate
 )
 
-# The floor is declared once, in pyproject.toml ("transformers>=X,<Y").
-floor=$(sed -nE 's/.*"transformers>=([0-9.]+)[,"].*/\1/p' pyproject.toml | head -n 1)
-[ -n "$floor" ] || { echo "no transformers>=X in pyproject.toml" >&2; exit 1; }
-
 case "$mode" in
-  floor) packages=("transformers==$floor") ;;
+  floor)
+    # The floor is declared once, in pyproject.toml ("transformers>=X,<Y").
+    floor=$(sed -nE 's/.*"transformers>=([0-9.]+)[,"].*/\1/p' pyproject.toml | head -n 1)
+    [ -n "$floor" ] || { echo "no transformers>=X in pyproject.toml" >&2; exit 1; }
+    packages=("transformers==$floor") ;;
+  [0-9]*.[0-9]*) packages=("transformers==$mode") ;;
   latest)
     # Everything the package and its tests use that is not pinned; torch stays (below).
     packages=(transformers tokenizers huggingface_hub safetensors gguf accelerate numpy
               pydivsufsort tqdm matplotlib pytest) ;;
-  *) echo "usage: $0 floor|latest" >&2; exit 2 ;;
+  *) echo "usage: $0 floor|latest|VERSION" >&2; exit 2 ;;
 esac
 
 scratch=${SPECDEC_SCRATCH_DIR:-}

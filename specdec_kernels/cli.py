@@ -4,11 +4,12 @@
 ``add_subcommand(subparsers)`` and being listed in :data:`SUBCOMMAND_MODULES` (imported
 lazily; a module that is absent is skipped).
 
-Arguments are parsed, and what needs no model is checked, before transformers, the decoding
-engine and the models are imported (only the package itself comes first: it loads torch and
-the ops). A user error (a bad value, a missing file) is printed as ``specdec: error:
-<message>`` with exit status 2, like argparse's own; ``--debug`` shows its traceback.
-Unexpected exceptions keep their traceback.
+Every check that needs no model comes before any model loads: value ranges as the arguments
+are parsed (argparse ``type`` functions: :func:`at_least`, :func:`in_interval`), then the prompt
+files, then the drafter is made (its size limits, heads and datastore files). A user error (a
+bad value, a missing or damaged file) is printed as ``specdec: error: <message>`` with exit
+status 2, like argparse's own; ``--debug`` shows its traceback. Unexpected exceptions keep
+their traceback.
 """
 
 from __future__ import annotations
