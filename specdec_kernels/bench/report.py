@@ -475,5 +475,6 @@ def write_reports(measurements, config: dict, out_dir: Path) -> dict:
             indent=1,
         )
     (out_dir / "results.md").write_text(markdown(figures, config, flagged))
-    plot(figures, out_dir, machine_line(config))
+    left_out = f"; {len(flagged)} flagged run(s) left out (results.md)" if flagged else ""
+    plot(figures, out_dir, machine_line(config) + left_out)
     return figures
