@@ -30,6 +30,8 @@ import torch
 from specdec_kernels import ops
 from specdec_kernels.decoding.acceptance import Verdict
 from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     DecodeState,
     Drafter,
     NoDrafter,
@@ -158,6 +160,12 @@ class Engine:
                 )
             self.runner.decoder_parts()  # the final norm must be reachable
         self.drafter.bind(self.runner, tokenizer)
+        width = self.drafter.max_block_width()
+        if width > MAX_BLOCK_WIDTH:  # before the cache is sized by it
+            raise ValueError(
+                f"drafter {self.drafter.name!r} asks for blocks of {width} tokens; "
+                f"{BLOCK_LIMIT_REASON}"
+            )
 
     def run(
         self,

@@ -32,7 +32,15 @@ from specdec_kernels import ops
 from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
 from specdec_kernels.decoding.budget import TreeBudget, path_probabilities
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    ChainProposal,
+    DecodeState,
+    Drafter,
+    TreeProposal,
+    check_size,
+)
 from specdec_kernels.tree import Tree, tree_from_choices
 
 __all__ = [
@@ -157,22 +165,43 @@ def _likely_rank_paths(accuracy: list, count: int) -> list:
 # ---------------------------------------------------------------------------- drafters
 
 
+def _as_heads(heads):
+    """``MedusaHeads`` from heads, a folder, or ``None`` (the shipped heads)."""
+    from specdec_kernels.medusa.heads import MedusaHeads, load_heads
+
+    if heads is None:
+        heads = load_default_heads()
+    elif isinstance(heads, (str, Path)):
+        heads = load_heads(heads)
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
+    return heads
+
+
+def _given_tree(tree, heads) -> Tree:
+    """A tree given by the caller (rank paths or a :class:`Tree` with ranks), checked against
+    the block limit and the heads before anything is built on it."""
+    if not isinstance(tree, Tree):
+        tree = tree_from_choices(tree)
+    elif tree.ranks is None:
+        raise ValueError("tree: a Medusa tree has ranks (build it with tree_from_choices)")
+    if len(tree) > MAX_BLOCK_WIDTH:
+        raise ValueError(f"the tree has {len(tree)} nodes; {BLOCK_LIMIT_REASON}")
+    if tree.depth > heads.num_heads:
+        raise ValueError(f"the tree is {tree.depth} deep; the heads guess {heads.num_heads}")
+    return tree
+
+
 class _HeadsDrafter(Drafter):
     """Shared part of the Medusa and blockwise drafters: heads, their cost, the structure."""
 
     target_features = "final_norm"
 
     def __init__(self, heads=None, *, tree=None, cost_curve=None, max_nodes: int = 64):
-        from specdec_kernels.medusa.heads import MedusaHeads, load_heads
-
-        if heads is None:
-            heads = load_default_heads()
-        elif isinstance(heads, (str, Path)):
-            heads = load_heads(heads)
-        if not isinstance(heads, MedusaHeads):
-            raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
-        if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        heads = _as_heads(heads)
+        check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
+        if tree is not None:
+            tree = _given_tree(tree, heads)
         self.heads = heads.eval()
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
@@ -209,19 +238,11 @@ class _HeadsDrafter(Drafter):
         _, _, self._lm_head = runner.decoder_parts()
         self._head_fraction = self.head_cost_fraction(runner)
         tree = self._given_tree
-        if tree is None:
+        if tree is None:  # derived: no deeper than the heads guess (one accuracy row each)
             curve = StepCost.load(self.cost_curve)
             tree, self._expected, self._cost_ms = choose_tree(
                 self.rank_accuracy(), curve, head_cost_ms=curve(1) * self._head_fraction,
                 max_nodes=self.max_nodes, chain=self._chain,
-            )
-        elif not isinstance(tree, Tree):
-            tree = tree_from_choices(tree)
-        elif tree.ranks is None:
-            raise ValueError("tree: a Medusa tree has ranks (build it with tree_from_choices)")
-        if tree.depth > self.heads.num_heads:
-            raise ValueError(
-                f"the tree is {tree.depth} deep; the heads guess {self.heads.num_heads}"
             )
         self.tree = tree
         index = dict(dtype=torch.int64, device=runner.device)
@@ -382,10 +403,10 @@ class BlockwiseDrafter(_HeadsDrafter):
 
     def __init__(self, heads=None, *, num_draft: int | None = None, cost_curve=None,
                  max_nodes: int = 64):
-        tree = None
-        if num_draft is not None:
-            if num_draft < 1:
-                raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+        heads, tree = _as_heads(heads), None
+        if num_draft is not None:  # checked before the chain is built
+            check_size("num_draft", num_draft, 1, heads.num_heads,
+                       f"the heads guess {heads.num_heads} tokens ahead")
             tree = [(0,) * d for d in range(1, num_draft + 1)]
         super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
 
