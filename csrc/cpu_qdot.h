@@ -78,6 +78,11 @@ void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out) {
     for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[b0 + i])));
     const float scale = amax / 127.0f;
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // Where the block's values go: int8 in place; int4 low partners (values 0..15 of the
+    // block) at chunk * 128 + block * 16, high partners 64 further.
+    const int64_t block_in_chunk = (b0 % 128) / 32;
+    int8_t* low = q + (out.int4 ? (b0 / 128) * 128 + block_in_chunk * 16 : b0);
+    int8_t* high = out.int4 ? low + 64 : low + 16;
     // Integer sums of this block's values per weight group it touches, then scaled once.
     int32_t part = 0;
     int64_t part_group = b0 / group;
@@ -85,12 +90,11 @@ void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out) {
       const int64_t k = b0 + i;
       const float v = std::nearbyint(static_cast<float>(x[k]) * inverse);
       const int8_t qv = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
-      int64_t at = k;
-      if (out.int4) {  // chunk of 4 blocks: low partners, then high partners
-        const int64_t chunk = k / 128, in_chunk = k % 128, block = in_chunk / 32, j = in_chunk % 32;
-        at = chunk * 128 + (j < 16 ? 0 : 64) + block * 16 + (j % 16);
+      if (i < 16) {
+        low[i] = qv;
+      } else {
+        high[i - 16] = qv;
       }
-      q[at] = qv;
       if (k / group != part_group) {
         sums[part_group] += static_cast<float>(part) * scale;
         part = 0;
@@ -227,6 +231,25 @@ void qtile_portable(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S
 
 // ----------------------------------------------------------------------------- AVX-512
 
+SPECDEC_TARGET_AVX512 inline __m512 load_mins16(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_mins16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// The min term, 16 groups at a time (lane l sums groups l, l + 16, ...), then the fixed tree.
+template <typename S>
+SPECDEC_TARGET_AVX512 float min_term_avx512(const S* min, const float* group_sum, int64_t groups) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g += 16) {
+    const int64_t left = groups - g;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    acc = _mm512_fmadd_ps(load_mins16(min + g, mask), _mm512_maskz_loadu_ps(mask, group_sum + g), acc);
+  }
+  return simd::reduce_add(acc);
+}
+
 // Up to 4 group scales starting at p (count of them valid), as 4 floats.
 SPECDEC_TARGET_AVX512 inline __m128 load_scales4(const float* p, int count) {
   return _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << count) - 1u), p);
@@ -319,12 +342,37 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
     for (int n = 0; n < NR; ++n) {
       float sum = simd::reduce_add(acc[m][n]);
       if (w.min != nullptr)
-        sum += min_term_portable(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
+        sum += min_term_avx512(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
       out[m * ldo + n] = sum;
     }
 }
 
 // ----------------------------------------------------------------------------- AVX2
+
+// The min term, 8 groups at a time (lane l sums groups l, l + 8, ...; the tail zero-filled).
+template <typename S>
+SPECDEC_TARGET_AVX2 float min_term_avx2(const S* min, const float* group_sum, int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    __m256 mv;
+    if constexpr (std::is_same_v<S, float>) {
+      mv = _mm256_loadu_ps(min + g);
+    } else {
+      mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(min + g)));
+    }
+    acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(group_sum + g), acc);
+  }
+  if (g < groups) {
+    alignas(32) float mv[8] = {}, sv[8] = {};
+    for (int64_t i = 0; g + i < groups; ++i) {
+      mv[i] = to_float(min[g + i]);
+      sv[i] = group_sum[g + i];
+    }
+    acc = _mm256_fmadd_ps(_mm256_load_ps(mv), _mm256_load_ps(sv), acc);
+  }
+  return simd::reduce_add(acc);
+}
 
 SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const float* p, int count) {
   return count >= 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)))
@@ -413,7 +461,7 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
     for (int n = 0; n < NR; ++n) {
       float sum = simd::reduce_add(acc[m][n]);
       if (w.min != nullptr)
-        sum += min_term_portable(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
+        sum += min_term_avx2(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
       out[m * ldo + n] = sum;
     }
 }

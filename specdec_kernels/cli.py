@@ -52,7 +52,8 @@ DRAFTER_OPTIONS = {
     "blockwise": ("heads", "cost_curve", "num_draft"),
     "retrieval": ("datastore", "max_depth", "max_nodes", "max_suffix", "min_suffix",
                   "max_matches", "cost_curve"),
-    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold", "bits",
+                       "group", "gguf"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
 }
 
@@ -67,6 +68,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--confidence-threshold", type=float, help="stop drafting below this probability"
     )
+    g.add_argument("--bits", type=int, choices=[4, 8], help="quantized-self: weight bits (default 4)")
+    g.add_argument("--group", type=int, help="quantized-self: values per scale along K (default 32)")
+    g.add_argument("--gguf", help="quantized-self: draft with this GGUF file's own weights")
     g = parser.add_argument_group("prompt lookup")
     g.add_argument("--max-ngram", type=int)
     g.add_argument("--min-ngram", type=int)

@@ -249,7 +249,7 @@ METHOD_DESCRIPTIONS = {
     "ours-medusa": "ours, Medusa heads (shipped for the default model), tree of top-k guesses",
     "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
     "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
-    "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
+    "ours-quantized-self": "ours, an int4 copy of the target (quantized_linear) drafts",
     "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
