@@ -379,8 +379,7 @@ SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const float* p, int count) {
                     : _mm_load_ss(p);
 }
 SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const c10::Half* p, int count) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, p, count >= 2 ? 4 : 2);
+  const uint32_t bits = static_cast<uint32_t>(p[0].x) | (count >= 2 ? static_cast<uint32_t>(p[1].x) << 16 : 0u);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
 }
 

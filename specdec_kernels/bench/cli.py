@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--weights", default="file", choices=["file", "float32"],
+                        help="GGUF models: at the file's precision (default) or dequantized")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
     # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
@@ -123,8 +125,9 @@ def run(args: argparse.Namespace) -> dict:
         None if args.all_prompts else args.prompts_per_category,
         args.categories.split(",") if args.categories else None,
     )
-    target = load_model(args.target, dtype=args.dtype, device=args.device)
-    draft = load_model(args.draft, dtype=args.dtype, device=args.device) if args.draft else None
+    target = load_model(args.target, dtype=args.dtype, device=args.device, weights=args.weights)
+    draft = (load_model(args.draft, dtype=args.dtype, device=args.device, weights=args.weights)
+             if args.draft else None)
     methods = build_methods(
         names, target.model, target.tokenizer,
         draft_model=draft.model if draft else None,
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace) -> dict:
         exit_layer=args.exit_layer, drafter_options=options,
         cpu_kernels=not args.torch_kernels,
         medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
+        gguf_path=_gguf_path(args.target),
     )
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     groups = len(group_prompts(prompts, args.batch_size))
@@ -157,6 +161,7 @@ def run(args: argparse.Namespace) -> dict:
         "device": args.device,
         "target_layers": target.model.config.num_hidden_layers,
         "dtype": args.dtype,
+        "weights": args.weights,
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
@@ -177,6 +182,15 @@ def run(args: argparse.Namespace) -> dict:
     print(f"wrote {out_dir}/results.json, results.md, speedup.png, acceptance.png "
           f"({config['seconds']} s)", file=sys.stderr)
     return figures
+
+
+def _gguf_path(target: str):
+    """The GGUF file of a target (None for an HF folder)."""
+    from specdec_kernels.models import default_gguf_path
+
+    if target == "default":
+        return str(default_gguf_path())
+    return target if str(target).endswith(".gguf") else None
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -9,6 +9,8 @@ type   file block                                kernel operands
 Q8_0   32 x int8, fp16 ``d``: ``w = d q``         int8, group 32, scale ``d`` (fp16)
 Q4_0   32 x 4 bit, fp16 ``d``: ``w = d (q - 8)``  int4, group 32, scale ``d``, min ``-8 d`` (fp16)
 Q4_1   32 x 4 bit, fp16 ``d, m``: ``w = d q + m`` int4, group 32, scale ``d``, min ``m`` (fp16)
+Q5_0   32 x 5 bit, fp16 ``d``: ``w = d (q - 16)`` int8 (-16..15), group 32, scale ``d``
+Q5_1   32 x 5 bit, fp16 ``d, m``: ``w = d q + m`` int8 (0..31), group 32, scale ``d``, min ``m``
 Q4_K   256 = 8 sub-blocks of 32, 6-bit ``sc, mn``, int4, group 32, scale ``d sc``, min ``-dmin mn``
        fp16 ``d, dmin``: ``w = d sc q - dmin mn`` (float32: 17 significant bits)
 Q5_K   as Q4_K with 5-bit values                 int8 (0..31), group 32, as Q4_K
@@ -24,7 +26,6 @@ too, by the same processor, applied to row indices.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from pathlib import Path
 
@@ -88,6 +89,27 @@ def _q4_1(data, rows):
     return torch.from_numpy(b[..., 4:].reshape(rows, -1).copy()), *_scales_and_mins(_f16(b, 0), _f16(b, 2))
 
 
+def _five_bit(b: np.ndarray, high_at: int) -> np.ndarray:
+    """Q5_0 / Q5_1 values 0..31 of each block: low nibbles of qs (values 0..15, then 16..31
+    from the high nibbles) and the fifth bits from the little-endian uint32 at ``high_at``."""
+    qh = b[..., high_at : high_at + 4].copy().view("<u4")[..., 0]
+    bits = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    qs = b[..., high_at + 4 :]
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1) | (bits << 4)
+
+
+def _q5_0(data, rows):
+    b = _blocks(data, rows, 22)
+    values = (_five_bit(b, 2).astype(np.int16) - 16).astype(np.int8).reshape(rows, -1)
+    return torch.from_numpy(values), *_scales_and_mins(_f16(b, 0), None)
+
+
+def _q5_1(data, rows):
+    b = _blocks(data, rows, 24)
+    values = _five_bit(b, 4).astype(np.int8).reshape(rows, -1)
+    return torch.from_numpy(values), *_scales_and_mins(_f16(b, 0), _f16(b, 2))
+
+
 def _k_scales(packed: np.ndarray):
     """The eight 6-bit (scale, min) pairs of a Q4_K / Q5_K block's 12 scale bytes."""
     p = packed.astype(np.uint8)
@@ -146,6 +168,8 @@ REPACKED_TYPES = {
     "Q8_0": (_q8_0, 8, 32),
     "Q4_0": (_q4_0, 4, 32),
     "Q4_1": (_q4_1, 4, 32),
+    "Q5_0": (_q5_0, 8, 32),
+    "Q5_1": (_q5_1, 8, 32),
     "Q4_K": (_q4_k, 4, 32),
     "Q5_K": (_q5_k, 8, 32),
     "Q6_K": (_q6_k, 8, 16),
@@ -177,6 +201,12 @@ def _permute_rows(weight, order: np.ndarray):
         return QuantizedWeight(weight.qweight[idx].contiguous(), weight.scales[idx].contiguous(),
                                mins, dtype=weight.dtype, kind=weight.kind)
     return weight[torch.from_numpy(order)].contiguous()
+
+
+def _processed(processor, name: str, values: np.ndarray) -> np.ndarray:
+    out = processor.process(weights=values, name=name, tensor_key_mapping={},
+                            parsed_parameters={"config": processor.config, "tensors": {}})
+    return np.asarray(out.weights).reshape(values.shape)
 
 
 def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
@@ -216,7 +246,11 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
     config, tokenizer, parsed = _config_and_tokenizer(path)
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
-    with torch.device("meta"):
+    from accelerate import init_empty_weights
+
+    # Parameters on the meta device (no float32 copy is ever made), buffers (rotary tables,
+    # embedding scales) computed as the model's own code computes them.
+    with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     reader = GGUFReader(str(path))
     architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
@@ -228,9 +262,13 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
         if hf_name is None:
             continue
         weight = repack(tensor, dtype)
-        order = _row_order(processor, tensor.name, weight.shape[0]) if weight.dim() == 2 else None
-        if order is not None:
-            weight = _permute_rows(weight, order)
+        if isinstance(weight, QuantizedWeight):
+            # Only a row permutation can be applied to blocks; find it on row indices.
+            order = _row_order(processor, tensor.name, weight.shape[0])
+            if order is not None:
+                weight = _permute_rows(weight, order)
+        else:  # dense: whatever transformers does to it (e.g. Gemma's norm offset)
+            weight = torch.from_numpy(np.array(_processed(processor, tensor.name, weight.float().numpy()))).to(dtype)
         placed[hf_name] = weight
     _place(model, placed, device)
     model.eval()
@@ -306,8 +344,8 @@ def _config_and_tokenizer(path: Path):
 
 
 def _place(model: nn.Module, placed: dict, device) -> None:
-    """Put the loaded tensors into the meta-device model; tie the LM head when the file has no
-    separate output weight; materialise the remaining buffers (rotary tables)."""
+    """Put the loaded tensors into the model (parameters on the meta device); tie the LM head
+    when the file has no separate output weight; move the model's own buffers to ``device``."""
     modules = dict(model.named_modules())
     for name, weight in placed.items():
         owner, _, attr = name.rpartition(".")
@@ -319,24 +357,7 @@ def _place(model: nn.Module, placed: dict, device) -> None:
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"GGUF file has no tensor for {missing[:5]} ({len(missing)} in all)")
-    # Non-persistent buffers (rotary inverse frequencies) are computed at construction: rebuild
-    # them on the real device from the module's own init.
     for module in model.modules():
         for name, buf in list(module._buffers.items()):
-            if buf is not None and buf.is_meta:
-                _rebuild_buffer(module, name, device)
-
-
-def _rebuild_buffer(module: nn.Module, name: str, device) -> None:
-    """Recreate a meta buffer by constructing the module again on ``device`` (rotary
-    embeddings compute theirs from the config)."""
-    config = getattr(module, "config", None)
-    with torch.device(device), contextlib.suppress(TypeError):
-        fresh = type(module)(config=config) if config is not None else None
-        if fresh is not None and name in fresh._buffers:
-            module._buffers[name] = fresh._buffers[name]
-            for attr in ("original_inv_freq",):
-                if hasattr(fresh, attr):
-                    setattr(module, attr, getattr(fresh, attr))
-            return
-    raise ValueError(f"cannot materialise buffer {name} of {type(module).__name__}")
+            if buf is not None and not isinstance(buf, QuantizedWeight):
+                module._buffers[name] = buf.to(device)
