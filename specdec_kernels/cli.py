@@ -131,6 +131,8 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--prompts-file", help="a .txt file (one prompt a line) or .jsonl (first turn)")
     p.add_argument("--model", default="default", help="'default', an HF folder or a .gguf file")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--weights", default="file", choices=["file", "float32"],
+                   help="GGUF models: at the file's precision (default) or dequantized")
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--drafter",
@@ -240,10 +242,11 @@ def _run_generate(args) -> int:
     from specdec_kernels.decoding import generate, make_drafter
     from specdec_kernels.models import load_model
 
-    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, weights=args.weights)
     draft = None
     if args.draft_model:
-        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device)
+        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device,
+                           weights=args.weights)
     drafter = make_drafter(
         args.drafter,
         draft_model=draft.model if draft else None,
