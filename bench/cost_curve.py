@@ -13,6 +13,11 @@ needed), on whatever device is given, along two paths, interleaved T by T:
 
     python3 -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b --out curve.json
     python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m,1.5b --out curve-cpu.json
+    python3 -m bench.cost_curve --device cpu --dtype float32 --weights int4 --models 1.5b
+
+``--weights int4|int8`` quantizes every linear (groups of 32, the formats a GGUF file's
+``Q4_*`` / ``Q8_0`` blocks repack into) and runs them through ``quantized_linear``: the step
+cost at a file's precision.
 
 The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1),
 ``latency_ms`` / ``relative_cost`` for the engine and ``torch_latency_ms`` /
@@ -142,6 +147,8 @@ def main(argv=None) -> None:
     parser.add_argument("--prefix", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--weights", default="float", choices=["float", "int4", "int8"],
+                        help="linear weights: the dtype's, or quantized (groups of 32)")
     parser.add_argument("--out", help="JSON file to write")
     args = parser.parse_args(argv)
 
@@ -153,6 +160,7 @@ def main(argv=None) -> None:
     report = {
         "device": device_name,
         "dtype": args.dtype,
+        "weights": args.weights,
         "prefix": args.prefix,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
@@ -162,6 +170,10 @@ def main(argv=None) -> None:
         if name not in MODEL_SHAPES:
             raise SystemExit(f"unknown model {name!r}; choose from {sorted(MODEL_SHAPES)}")
         model = build_model(name, args.device, dtype)
+        if args.weights != "float":
+            from specdec_kernels.models.quantized_weight import quantize_model
+
+            quantize_model(model, 4 if args.weights == "int4" else 8, 32)
         paths = step_latencies(model, args.prefix, tokens, args.repeats)
         engine, baseline = paths["engine"], paths["torch"]
         base, torch_base = engine[tokens[0]], baseline[tokens[0]]

@@ -112,6 +112,19 @@ TORCH_LIBRARY(specdec, m) {
   // caps it (0 portable .. 3 avx512_bf16; for tests), -1 lifts the cap, -2 only asks.
   m.def("cpu_isa(int cap=-2) -> str");
 
+  // ---------------------------------------------------------------- quantized linear
+  // out = x @ W^T (+ bias) for x [..., K] (float32 or bfloat16) and W at a GGUF file's
+  // precision: qweight [N, K] int8 or [N, K / 2] uint8 (int4 pairs: in each 32-value block,
+  // byte j holds value j in its low nibble and value j + 16 in its high nibble, 0..15), in
+  // groups of G = K / scales.size(1) values along K (a power of two, >= 16 for int8, >= 32
+  // for int4), w = scales[n, g] * q + mins[n, g] (mins None: 0); scales and mins [N, K / G]
+  // float32 or float16. x is quantized per row to int8 in blocks of 32 (scale amax / 127,
+  // round half to even) and the products summed exactly in integers, then in float32: the
+  // result is batch-invariant on CPU (see csrc/cpu_qdot.h). out [..., N] in x's dtype.
+  m.def(
+      "quantized_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins=None, "
+      "Tensor? bias=None) -> Tensor");
+
   // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block
   // (block columns: the tree's nodes, then num_rows window rows). Request b's window has
   // levels[b] levels of window[b] columns; cell (l, i) sits i + l positions after the root,

@@ -11,6 +11,7 @@ MODULES = [
     "specdec_kernels.ops.build",
     "specdec_kernels.ops.kv_cache",
     "specdec_kernels.ops.linear",
+    "specdec_kernels.ops.quantized_linear",
     "specdec_kernels.ops.sampling",
     "specdec_kernels.ops.tree",
     "specdec_kernels.ops.verify",

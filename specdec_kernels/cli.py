@@ -57,7 +57,8 @@ DRAFTER_OPTIONS = {
     "blockwise": ("heads", "cost_curve", "num_draft"),
     "retrieval": ("datastore", "max_depth", "max_nodes", "max_suffix", "min_suffix",
                   "max_matches", "cost_curve"),
-    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold", "bits",
+                       "group", "gguf"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
 }
 
@@ -125,6 +126,10 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-draft", type=positive, help="upper bound of an adaptive K")
     g.add_argument("--confidence-threshold", type=in_interval(0, 1, open_high=True),
                    help="stop drafting below this probability")
+    g.add_argument("--bits", type=int, choices=[4, 8], help="quantized-self: weight bits (default 4)")
+    g.add_argument("--group", type=positive,
+                   help="quantized-self: values per scale along K (default 32)")
+    g.add_argument("--gguf", help="quantized-self: draft with this GGUF file's own weights")
     g = parser.add_argument_group("prompt lookup")
     g.add_argument("--max-ngram", type=positive)
     g.add_argument("--min-ngram", type=positive)
@@ -189,6 +194,8 @@ def _add_generate(subparsers) -> None:
         "line's \"turns\")")
     p.add_argument("--model", default="default", help="'default', an HF folder or a .gguf file")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--weights", default="file", choices=["file", "float32"],
+                   help="GGUF models: at the file's precision (default) or dequantized")
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--drafter",
@@ -298,7 +305,8 @@ def _run_generate(args) -> int:
 
     draft = None
     if args.draft_model:
-        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device)
+        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device,
+                           weights=args.weights)
     # The drafter checks its options (sizes, files) before the target loads.
     drafter = make_drafter(
         args.drafter,
@@ -306,7 +314,7 @@ def _run_generate(args) -> int:
         draft_tokenizer=draft.tokenizer if draft else None,
         **options,
     )
-    target = load_model(args.model, dtype=args.dtype, device=args.device)
+    target = load_model(args.model, dtype=args.dtype, device=args.device, weights=args.weights)
     out = generate(
         target,
         prompts,

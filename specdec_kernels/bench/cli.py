@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--weights", default="file", choices=["file", "float32"],
+                        help="GGUF models: at the file's precision (default) or dequantized")
     parser.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
     # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
@@ -139,8 +141,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    target = load_model(args.target, dtype=args.dtype, device=args.device)
-    draft = load_model(args.draft, dtype=args.dtype, device=args.device) if args.draft else None
+    target = load_model(args.target, dtype=args.dtype, device=args.device, weights=args.weights)
+    draft = (load_model(args.draft, dtype=args.dtype, device=args.device, weights=args.weights)
+             if args.draft else None)
     methods = build_methods(
         names, target.model, target.tokenizer,
         draft_model=draft.model if draft else None,
@@ -148,6 +151,7 @@ def run(args: argparse.Namespace) -> dict:
         exit_layer=args.exit_layer, drafter_options=options,
         cpu_kernels=not args.torch_kernels,
         medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
+        gguf_path=_gguf_path(args.target),
     )
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     groups = len(group_prompts(prompts, args.batch_size))
@@ -173,6 +177,7 @@ def run(args: argparse.Namespace) -> dict:
         "device": args.device,
         "target_layers": target.model.config.num_hidden_layers,
         "dtype": args.dtype,
+        "weights": args.weights,
         **machine_info(args.device),
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
@@ -196,6 +201,15 @@ def run(args: argparse.Namespace) -> dict:
 
 #: How the benchmark was started, as its command line begins (``main`` sets the other).
 INVOKED_AS = "specdec bench"
+
+
+def _gguf_path(target: str):
+    """The GGUF file of a target (None for an HF folder)."""
+    from specdec_kernels.models import default_gguf_path
+
+    if target == "default":
+        return str(default_gguf_path())
+    return target if str(target).endswith(".gguf") else None
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -67,7 +67,7 @@ def make_drafter(
         ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
         or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
         given), ``"retrieval"`` (the datastore shipped for the default model unless
-        ``datastore=...``), ``"quantized-self"`` (an int8 copy of the target) or ``"multi"``
+        ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target) or ``"multi"``
         (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional

@@ -226,7 +226,11 @@ class _HeadsDrafter(Drafter):
         if self.heads.projection == "shared":
             heads += self.heads.num_heads * self.heads.hidden_size * self.heads.output_size
         embed = runner.model.get_input_embeddings().weight.numel()
-        target = sum(p.numel() for p in runner.model.parameters()) - embed
+        # Weights at a GGUF file's precision are buffers (QuantizedWeight), not parameters.
+        from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+        quantized = sum(b.numel() for b in runner.model.buffers() if isinstance(b, QuantizedWeight))
+        target = sum(p.numel() for p in runner.model.parameters()) + quantized - embed
         if runner.model.get_output_embeddings().weight is runner.model.get_input_embeddings().weight:
             target += embed  # tied: the LM head reads the embedding matrix
         return heads / max(target, 1)

@@ -10,6 +10,7 @@ its CUDA launcher in ``csrc/cuda/<family>.cu``, every schema in ``csrc/registrat
 :mod:`.kv_cache`             ``compact_kv_cache_``, ``compact_paged_kv_cache_``,
                              ``rollback_paged_kv_cache_``
 :mod:`.linear`               ``small_batch_linear``
+:mod:`.quantized_linear`     ``quantized_linear`` (weights at a GGUF file's precision)
 :mod:`.build`                ``cpu_isa``, ``build_info``, ``has_cuda_kernels``
 ==========================  ==============================================================
 
@@ -28,6 +29,7 @@ from specdec_kernels.ops.kv_cache import (
     rollback_paged_kv_cache_,
 )
 from specdec_kernels.ops.linear import small_batch_linear
+from specdec_kernels.ops.quantized_linear import quantized_linear
 from specdec_kernels.ops.sampling import (
     deferred_errors,
     raise_deferred_errors,
@@ -54,6 +56,7 @@ __all__ = [
     "compact_paged_kv_cache_",
     "cpu_isa",
     "deferred_errors",
+    "quantized_linear",
     "raise_deferred_errors",
     "rollback_paged_kv_cache_",
     "sample",
