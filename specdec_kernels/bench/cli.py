@@ -74,8 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--weights", default="file", choices=["file", "float32"],
-                        help="GGUF models: at the file's precision (default) or dequantized")
+    # float32 by default: at file precision HF generate and our loop round attention
+    # differently and the activations' int8 quantization turns that into different greedy
+    # tokens within a few dozen (bench/RESULTS.md, 2026-11-25), so "identical" would say little.
+    parser.add_argument("--weights", default="float32", choices=["file", "float32"],
+                        help="GGUF models: dequantized to float32 (default, comparable with "
+                             "HF generate token for token) or at the file's precision")
     parser.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
     # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
