@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "cuda/kernels/kv_cache.cuh"
+#include "core/kv_cache.h"
 
 namespace specdec {
 

@@ -1,5 +1,5 @@
 // CPU kernels of sample and sample_with_probs: one task per row of logits (see
-// kernels/sampling.cuh for the processing and kernels/philox.cuh for the uniforms).
+// core/sampling.h for the processing and core/philox.h for the uniforms).
 
 // Lets g++ if-convert the clamps of specdec_exp and vectorise the per-token loops; no IEEE
 // result changes (nothing here relies on floating-point traps).

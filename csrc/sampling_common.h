@@ -2,7 +2,7 @@
 // (cuda/sampling.cu) launchers of the sampling and verification ops.
 //
 // Value errors (bad parameters, malformed trees, draft ids out of range, NaN/+Inf logits) are
-// found per request by the kernels themselves (kernels/sampling.cuh: ErrorKind) and encoded as
+// found per request by the kernels themselves (core/sampling.h: ErrorKind) and encoded as
 // (kind << 32) | index; the launcher raises a ValueError for the first request with an error,
 // decoded here, so CPU and CUDA report the same message.
 #pragma once
@@ -15,7 +15,7 @@
 #include <string>
 
 #include "checks.h"
-#include "cuda/kernels/sampling.cuh"
+#include "core/sampling.h"
 
 namespace specdec {
 

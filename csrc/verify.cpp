@@ -1,5 +1,5 @@
 // CPU kernels of the verification ops: one task per request. Rows are processed lazily, in the
-// order the decision needs them (kernels/verify.cuh holds the decision logic, shared with CUDA),
+// order the decision needs them (core/verify.h holds the decision logic, shared with CUDA),
 // so a request whose first draft is rejected processes one row; every row the request owns is
 // still checked for NaN/+Inf, so errors do not depend on the random decisions.
 
@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/kernels/verify.cuh"
+#include "core/verify.h"
 #include "sampling_common.h"
 #include "sampling_cpu.h"
 

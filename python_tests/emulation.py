@@ -25,6 +25,7 @@ CSRC = ROOT / "csrc"
 SOURCES = [
     CSRC / "cuda" / "emulation" / "kernels_emu.cpp",
     CSRC / "cuda" / "emulation" / "cuda_emulator.h",
+    *sorted((CSRC / "core").glob("*.h")),
     *sorted((CSRC / "cuda" / "kernels").glob("*.cuh")),
 ]
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

@@ -1,4 +1,4 @@
-// CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh).
+// CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh, row addressing in core/kv_cache.h).
 //
 // No host copies: index values are not read on the host, so a call never waits for the device
 // (ops.compact_kv_cache_(..., validate=True) and friends check them on the host first, when the

@@ -1,4 +1,5 @@
-// CUDA launchers of the tree ops (kernels in kernels/tree.cuh and kernels/tree_attention.cuh).
+// CUDA launchers of the tree ops (kernels in kernels/tree_masks.cuh and
+// kernels/tree_attention.cuh).
 //
 // build_tree_masks validates the parent arrays on the host (one small device-to-host copy),
 // except while a CUDA graph is being captured. tree_attention makes no host copy at all (see
@@ -19,7 +20,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "cuda/kernels/tree.cuh"
+#include "cuda/kernels/tree_masks.cuh"
 #include "cuda/kernels/tree_attention.cuh"
 #include "tree_common.h"
 

@@ -31,7 +31,7 @@
 // written.
 //
 // Verification launches one team per (request, node): every node team decides its own node
-// (which child is accepted, or the next token if none: kernels/verify.cuh, the same code as the
+// (which child is accepted, or the next token if none: core/verify.h, the same code as the
 // CPU kernels) and writes a few words to a workspace; the last team of a request to finish
 // (counted with an atomic) assembles the request's outputs by walking those decisions.
 //
@@ -49,9 +49,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda/kernels/philox.cuh"
-#include "cuda/kernels/sampling.cuh"
-#include "cuda/kernels/verify.cuh"
+#include "core/philox.h"
+#include "core/sampling.h"
+#include "core/verify.h"
 
 namespace specdec {
 
@@ -409,7 +409,7 @@ __device__ __forceinline__ float key_float(uint32_t key) {
 
 // ----------------------------------------------------------------------------- row
 
-// One row processed by a team: the Row of kernels/verify.cuh on the GPU. Every method is called
+// One row processed by a team: the Row of core/verify.h on the GPU. Every method is called
 // by all threads of the team with the same arguments and returns the same value in every thread.
 template <typename T, int VEC>
 struct TeamRow {
@@ -990,7 +990,7 @@ struct TeamRow {
 
   // ---- processing
 
-  // Statistics and filters of the row (see kernels/sampling.cuh); false when the row has NaN/+Inf
+  // Statistics and filters of the row (see core/sampling.h); false when the row has NaN/+Inf
   // or no finite value. `with_entropy` also computes the typical-acceptance sum A.
   __device__ bool process(const RowParams& params, bool with_entropy) {
     greedy = params.greedy();
@@ -1093,7 +1093,7 @@ struct TeamRow {
     return true;
   }
 
-  // ---- the Row interface of kernels/verify.cuh
+  // ---- the Row interface of core/verify.h
   __device__ int64_t argmax() const { return arg; }
   __device__ float prob(int64_t x) const { return prob_of(x, E::value(row[x])); }
   __device__ float draft_prob(int64_t node, int64_t x) const {

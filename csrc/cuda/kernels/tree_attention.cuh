@@ -26,8 +26,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/kernels/common.cuh"
-#include "cuda/kernels/tree.cuh"
+#include "core/common.h"
+#include "core/tree.h"
 #include "cuda/kernels/warp_mma.cuh"
 
 namespace specdec {

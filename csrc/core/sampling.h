@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/kernels/common.cuh"
+#include "core/common.h"
 
 namespace specdec {
 
