@@ -7,7 +7,7 @@
 //
 //   Layout (ChainLayout / TreeLayout): the structure of one request: children in index order
 //     (first_child / next_sibling), parent, token of a node, whether a node exists.
-//   Row (CpuRow in csrc/sampling_cpu.h, TeamRow in cuda/kernels/sampling_kernels.cuh): one
+//   Row (CpuRow in csrc/sampling_cpu.h, TeamRow in cuda/kernels/team_row.cuh): one
 //     processed target row, with
 //       int64_t argmax() const;             float prob(int64_t x) const;        // p(x)
 //       float draft_prob(int64_t c, int64_t x) const;   // draft_probs of node c at token x

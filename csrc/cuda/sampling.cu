@@ -67,7 +67,7 @@ const DeviceInfo& device_info(int device) {
   return infos[device];
 }
 
-// The team of each row (see kernels/sampling_kernels.cuh): on sm_90 and later a cluster of up to
+// The team of each row (see kernels/team.cuh): on sm_90 and later a cluster of up to
 // 8 blocks, enough that a block's slice of the row fits its shared memory with two blocks per
 // SM (more when there are few rows, so that about two blocks per SM are busy, keeping at least
 // 4096 elements per block). Earlier GPUs: one block per row. The slice is copied to shared
