@@ -143,6 +143,21 @@ struct RowParams {
   }
 };
 
+// The per-request parameters of a call, [B] each, on the kernel's device.
+struct ParamPointers {
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seed;
+  const int64_t* offset;
+
+  SPECDEC_HD RowParams at(int64_t b) const {
+    return {temperature[b], top_k[b], top_p[b], min_p[b], static_cast<uint64_t>(seed[b]),
+            static_cast<uint64_t>(offset[b])};
+  }
+};
+
 // Error kinds, in the order they are reported when a request has several. An error is encoded
 // as (kind << 32) | index (index: the row or node concerned); the smallest code wins, so CPU and
 // CUDA report the same error.

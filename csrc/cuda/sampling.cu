@@ -128,12 +128,6 @@ void launch_teams(void (*kernel)(Params...), int64_t teams, const TeamArgs& ta, 
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
-ParamsView params_view(const ParamTensors& p) {
-  return {p.temperature.const_data_ptr<float>(), p.top_k.const_data_ptr<int64_t>(),
-          p.top_p.const_data_ptr<float>(),       p.min_p.const_data_ptr<float>(),
-          p.seed.const_data_ptr<int64_t>(),      p.offset.const_data_ptr<int64_t>()};
-}
-
 // What an error message needs, owned (a deferred check runs after the call returned).
 struct OwnedErrorContext {
   OpKind op;
@@ -229,22 +223,17 @@ void dispatch_logits(const at::Tensor& logits, const Launch& launch) {
 
 // ----------------------------------------------------------------------------- sample
 
-std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset, bool with_probs) {
-  check_logits(logits, "logits", 2, "[N, V]");
-  const ParamTensors params{temperature, top_k, top_p, min_p, seed, offset};
+SampleResult sample_cuda(const at::Tensor& logits, const ParamTensors& params, bool with_probs) {
+  check_sample_args(logits, params);
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  check_params(params, rows, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
   at::Tensor probs =
       at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
   at::Tensor errors = at::empty({rows}, logits.options().dtype(at::kLong));
   if (rows == 0) return {tokens, probs};
-  const ParamsView view = params_view(params);
+  const ParamPointers view = param_pointers(params);
   const int mantissa = mantissa_bits(logits.scalar_type());
   const DeviceInfo& info = device_info(logits.get_device());
   dispatch_logits(logits, [&](auto type_tag, auto vec_tag) {
@@ -262,20 +251,6 @@ std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
   ctx.vocab = vocab;
   raise_device_errors(errors, ctx);
   return {tokens, probs};
-}
-
-at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature,
-                       const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-                       const at::Tensor& seed, const at::Tensor& offset) {
-  return std::get<0>(
-      sample_cuda_impl(logits, temperature, top_k, top_p, min_p, seed, offset, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> sample_with_probs_cuda(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset) {
-  return sample_cuda_impl(logits, temperature, top_k, top_p, min_p, seed, offset, true);
 }
 
 // ----------------------------------------------------------------------------- verify
@@ -321,8 +296,7 @@ void launch_verify(VerifyArgs& args, const at::Tensor& target_logits) {
 }
 
 VerifyArgs base_args(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs,
-                     const ParamTensors& params, bool typical, float posterior_threshold,
-                     float posterior_alpha) {
+                     const ParamTensors& params, const AcceptanceRule& rule) {
   VerifyArgs a{};
   a.logits = target_logits.const_data_ptr();
   a.batch = target_logits.size(0);
@@ -330,17 +304,17 @@ VerifyArgs base_args(const at::Tensor& target_logits, const std::optional<at::Te
   a.vocab = target_logits.size(2);
   a.mantissa_bits = mantissa_bits(target_logits.scalar_type());
   a.draft_probs = draft_probs.has_value() ? draft_probs->const_data_ptr<float>() : nullptr;
-  a.params = params_view(params);
-  a.typical = typical;
-  a.posterior_threshold = posterior_threshold;
-  a.posterior_alpha = posterior_alpha;
+  a.params = param_pointers(params);
+  a.typical = rule.typical;
+  a.posterior_threshold = rule.posterior_threshold;
+  a.posterior_alpha = rule.posterior_alpha;
   return a;
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, bool typical,
-    float posterior_threshold, float posterior_alpha) {
+ChainResult verify_chain_cuda(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                              const at::Tensor& target_logits,
+                              const std::optional<at::Tensor>& draft_probs,
+                              const ParamTensors& params, const AcceptanceRule& rule) {
   check_chain_inputs(draft_tokens, num_draft, target_logits, draft_probs, params);
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const int64_t batch = draft_tokens.size(0);
@@ -348,8 +322,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
   at::Tensor tokens = at::empty({batch, rows}, draft_tokens.options());
   at::Tensor num_accepted = at::empty({batch}, draft_tokens.options());
   Workspace ws(batch, rows, target_logits.options());
-  VerifyArgs a = base_args(target_logits, draft_probs, params, typical, posterior_threshold,
-                           posterior_alpha);
+  VerifyArgs a = base_args(target_logits, draft_probs, params, rule);
   a.tokens = draft_tokens.const_data_ptr<int64_t>();
   a.num_draft = num_draft.const_data_ptr<int64_t>();
   ws.fill(a);
@@ -357,19 +330,16 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
   a.out_nodes = nullptr;
   a.out_num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   launch_verify<false>(a, target_logits);
-  ErrorContext ctx{OpKind::kChain, params};
-  ctx.tokens = &draft_tokens;
-  ctx.num_draft = &num_draft;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = a.vocab;
+  const ErrorContext ctx =
+      chain_error_context(params, draft_tokens, num_draft, draft_probs, a.vocab);
   raise_device_errors(ws.errors, ctx);
   return {tokens, num_accepted};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, bool typical,
-    float posterior_threshold, float posterior_alpha) {
+TreeResult verify_tree_cuda(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                            const at::Tensor& target_logits,
+                            const std::optional<at::Tensor>& draft_probs,
+                            const ParamTensors& params, const AcceptanceRule& rule) {
   check_tree_inputs(tree_tokens, parents, target_logits, draft_probs, params);
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const int64_t batch = tree_tokens.size(0);
@@ -378,8 +348,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
   at::Tensor tokens = at::empty({batch, rows}, tree_tokens.options());
   at::Tensor num_accepted = at::empty({batch}, tree_tokens.options());
   Workspace ws(batch, rows, target_logits.options());
-  VerifyArgs a = base_args(target_logits, draft_probs, params, typical, posterior_threshold,
-                           posterior_alpha);
+  VerifyArgs a = base_args(target_logits, draft_probs, params, rule);
   a.tokens = tree_tokens.const_data_ptr<int64_t>();
   a.parents = parents.const_data_ptr<int64_t>();
   ws.fill(a);
@@ -387,66 +356,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
   a.out_nodes = nodes.mutable_data_ptr<int64_t>();
   a.out_num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   launch_verify<true>(a, target_logits);
-  ErrorContext ctx{OpKind::kTree, params};
-  ctx.tokens = &tree_tokens;
-  ctx.parents = &parents;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = a.vocab;
+  const ErrorContext ctx =
+      tree_error_context(params, tree_tokens, parents, draft_probs, a.vocab);
   raise_device_errors(ws.errors, ctx);
   return {nodes, tokens, num_accepted};
-}
-
-std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_chain_cuda_impl(draft_tokens, num_draft, target_logits, draft_probs,
-                                {temperature, top_k, top_p, min_p, seed, offset}, false, 0.0f,
-                                0.0f);
-}
-
-std::tuple<at::Tensor, at::Tensor> typical_verify_chain_cuda(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_chain_cuda_impl(draft_tokens, num_draft, target_logits, std::nullopt,
-                                {temperature, top_k, top_p, min_p, seed, offset}, true,
-                                static_cast<float>(posterior_threshold),
-                                static_cast<float>(posterior_alpha));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_tree_cuda_impl(tree_tokens, parents, target_logits, draft_probs,
-                               {temperature, top_k, top_p, min_p, seed, offset}, false, 0.0f,
-                               0.0f);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> typical_verify_tree_cuda(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_tree_cuda_impl(tree_tokens, parents, target_logits, std::nullopt,
-                               {temperature, top_k, top_p, min_p, seed, offset}, true,
-                               static_cast<float>(posterior_threshold),
-                               static_cast<float>(posterior_alpha));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("sample", &sample_cuda);
-  m.impl("sample_with_probs", &sample_with_probs_cuda);
-  m.impl("verify_chain", &verify_chain_cuda);
-  m.impl("verify_tree", &verify_tree_cuda);
-  m.impl("typical_verify_chain", &typical_verify_chain_cuda);
-  m.impl("typical_verify_tree", &typical_verify_tree_cuda);
+  m.impl("sample", &sample_op<sample_cuda>);
+  m.impl("sample_with_probs", &sample_with_probs_op<sample_cuda>);
+  m.impl("verify_chain", &verify_chain_op<verify_chain_cuda>);
+  m.impl("verify_tree", &verify_tree_op<verify_tree_cuda>);
+  m.impl("typical_verify_chain", &typical_verify_chain_op<verify_chain_cuda>);
+  m.impl("typical_verify_tree", &typical_verify_tree_op<verify_tree_cuda>);
 }
 
 }  // namespace specdec

@@ -23,28 +23,13 @@
 
 namespace specdec {
 
-// Device pointers of the per-request parameters.
-struct ParamsView {
-  const float* temperature;
-  const int64_t* top_k;
-  const float* top_p;
-  const float* min_p;
-  const int64_t* seed;
-  const int64_t* offset;
-
-  __device__ RowParams at(int64_t b) const {
-    return {temperature[b], top_k[b], top_p[b], min_p[b], static_cast<uint64_t>(seed[b]),
-            static_cast<uint64_t>(offset[b])};
-  }
-};
-
 // ----------------------------------------------------------------------------- sample
 
 // grid.x = rows * team size; writes tokens[n] (-1 on error), probs[n, :] when probs != nullptr
 // (zeros on error) and errors[n] (kNoError or the row's error code).
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kTeamThreads, 2)
-    sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa, ParamsView params,
+    sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa, ParamPointers params,
                   TeamArgs ta, int64_t* __restrict__ tokens, float* __restrict__ probs,
                   unsigned long long* __restrict__ errors) {
   __shared__ TeamShared sh;
@@ -86,7 +71,7 @@ struct VerifyArgs {
   const int64_t* num_draft;  // chain: [B]
   const int64_t* parents;    // tree: [B, R]
   const float* draft_probs;  // chain: [B, R-1, V]; tree: [B, R, V]; or nullptr
-  ParamsView params;
+  ParamPointers params;
   bool typical;
   float posterior_threshold, posterior_alpha;
   // workspace, [B, R] each (errors and counters [B], initialised to all ones and zeros)
