@@ -20,9 +20,6 @@
 namespace specdec {
 namespace {
 
-constexpr int kCompactThreads = 128;
-constexpr int64_t kStagingBytes = 32 * 1024;
-
 // Widest access (16, 8, 4, 2 or 1 bytes) that divides every byte offset the kernel forms.
 int vector_width(at::TensorList caches, std::initializer_list<int64_t> byte_quantities) {
   for (int width : {16, 8, 4, 2}) {
@@ -49,53 +46,40 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
     const index_t* positions = accept_positions.const_data_ptr<index_t>();
     const index_t* counts = num_accepted.const_data_ptr<index_t>();
     const index_t* lens = cache_lens.const_data_ptr<index_t>();
-    auto launch = [&](auto vec_tag) {
+    const CompactPlan plan = plan_compact(groups, row_bytes, width, max_accepted);
+    const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
+                             static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
+                             plan.chunk_bytes};
+    dispatch_vector_width(width, [&](auto vec_tag) {
       using vec_t = decltype(vec_tag);
-      if (max_accepted <= kCompactRegisterRows) {
-        // One thread per vector column of every (tensor, request, head) row set.
-        const int64_t threads = groups * (row_bytes / static_cast<int64_t>(sizeof(vec_t)));
-        TORCH_CHECK_VALUE(threads <= INT32_MAX, "compaction of ", caches.size(), " caches of ",
-                          batch, " x ", heads, " rows of ", row_bytes,
-                          " bytes exceeds the kernel's 32-bit thread index");
-        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
-                                 static_cast<int>(heads), static_cast<int>(max_accepted),
-                                 row_bytes, row_bytes};
+      if (!plan.staged) {
+        TORCH_CHECK_VALUE(plan.grid_x * kCompactThreads <= INT32_MAX, "compaction of ",
+                          caches.size(), " caches of ", batch, " x ", heads, " rows of ",
+                          row_bytes, " bytes exceeds the kernel's 32-bit thread index");
         compact_kv_columns_kernel<vec_t, index_t, Rows>
-            <<<static_cast<unsigned>(ceil_div<int64_t>(threads, kCompactThreads)), kCompactThreads,
-               0, stream>>>(table, rows, shape, positions, counts, lens);
+            <<<static_cast<unsigned>(plan.grid_x), kCompactThreads, 0, stream>>>(
+                table, rows, shape, positions, counts, lens);
       } else {
         // Wide accept_positions: each block stages a byte range of its rows in shared memory.
         TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
                           max_accepted, " is too large: at most ", kStagingBytes / width,
                           " accepted rows per request for this row width");
-        int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
-        chunk -= chunk % width;
-        TORCH_CHECK_VALUE(groups <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
-                          "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
-                          " rows of ", row_bytes, " bytes with accept_positions.size(1) = ",
-                          max_accepted, " exceeds the CUDA grid limits");
-        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
-                                 static_cast<int>(heads), static_cast<int>(max_accepted),
-                                 row_bytes, chunk};
-        const dim3 grid(static_cast<unsigned>(groups),
-                        static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
+        TORCH_CHECK_VALUE(plan.grid_x <= INT32_MAX && plan.grid_y <= 65535, "compaction of ",
+                          caches.size(), " caches of ", batch, " x ", heads, " rows of ",
+                          row_bytes, " bytes with accept_positions.size(1) = ", max_accepted,
+                          " exceeds the CUDA grid limits");
         compact_kv_rows_kernel<vec_t, index_t, Rows>
-            <<<grid, kCompactThreads, static_cast<size_t>(max_accepted * chunk), stream>>>(
+            <<<dim3(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y)),
+               kCompactThreads, static_cast<size_t>(plan.smem_bytes), stream>>>(
                 table, rows, shape, positions, counts, lens);
       }
-    };
-    switch (width) {
-      case 16: launch(uint4{}); break;
-      case 8: launch(uint2{}); break;
-      case 4: launch(uint32_t{}); break;
-      case 2: launch(uint16_t{}); break;
-      default: launch(uint8_t{}); break;
-    }
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (batch > 0) {
     // After the compaction on the same stream, so no block still reads cache_lens.
-    advance_cache_lens_kernel<index_t><<<ceil_div<int64_t>(batch, 256), 256, 0, stream>>>(
+    advance_cache_lens_kernel<index_t>
+        <<<ceil_div<int64_t>(batch, kAdvanceLensThreads), kAdvanceLensThreads, 0, stream>>>(
         cache_lens.mutable_data_ptr<index_t>(), num_accepted.const_data_ptr<index_t>(),
         static_cast<int>(batch));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -140,9 +124,8 @@ void rollback_paged_kv_cache_cuda(const at::Tensor& block_tables, const at::Tens
   if (batch == 0) return;
   const c10::cuda::CUDAGuard guard(block_tables.device());
   AT_DISPATCH_INDEX_TYPES(block_tables.scalar_type(), "rollback_paged_kv_cache_cuda", [&] {
-    constexpr int kWarps = 4;
-    rollback_paged_kernel<index_t>
-        <<<ceil_div<int64_t>(batch, kWarps), kWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    rollback_paged_kernel<index_t><<<ceil_div<int64_t>(batch, kRollbackWarps), kRollbackWarps * 32,
+                                     0, c10::cuda::getCurrentCUDAStream()>>>(
             block_tables.mutable_data_ptr<index_t>(), cache_lens.mutable_data_ptr<index_t>(),
             new_lens.const_data_ptr<index_t>(), freed_blocks.mutable_data_ptr<index_t>(),
             static_cast<int>(batch), block_tables.size(1), block_size);

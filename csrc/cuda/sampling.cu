@@ -36,27 +36,14 @@ bool capturing_graph() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
-// 16-byte loads when every row starts 16-byte aligned, else one element at a time.
-bool rows_aligned(const at::Tensor& logits) {
-  const int64_t row_bytes = logits.size(-1) * logits.element_size();
-  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
-}
-
-// What the team plan needs to know about a device (read once per device).
-struct DeviceInfo {
-  int sms = 0;
-  int major = 0;
-  int smem_per_sm = 0;     // bytes
-  int smem_per_block = 0;  // bytes a block may opt in to
-};
-
-const DeviceInfo& device_info(int device) {
+// The team plan's view of a device, read once per device.
+const DeviceLimits& device_info(int device) {
   constexpr int kMaxDevices = 64;
-  static DeviceInfo infos[kMaxDevices];
+  static DeviceLimits infos[kMaxDevices];
   static std::once_flag once[kMaxDevices];
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "device index ", device, " out of range");
   std::call_once(once[device], [device] {
-    DeviceInfo& d = infos[device];
+    DeviceLimits& d = infos[device];
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm,
@@ -65,40 +52,6 @@ const DeviceInfo& device_info(int device) {
                                           cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   });
   return infos[device];
-}
-
-// The team of each row (see kernels/team.cuh): on sm_90 and later a cluster of up to
-// 8 blocks, enough that a block's slice of the row fits its shared memory with two blocks per
-// SM (more when there are few rows, so that about two blocks per SM are busy, keeping at least
-// 4096 elements per block). Earlier GPUs: one block per row. The slice is copied to shared
-// memory when it fits (two blocks per SM, else one); else later passes re-read global memory.
-template <typename T, int VEC>
-TeamArgs plan_team(int64_t rows, int64_t vocab, const DeviceInfo& info, uint32_t& smem_bytes) {
-  using Bits = typename Elem<T>::Bits;
-  constexpr int64_t kTile = 32 * VEC;
-  const int64_t tiles = ceil_div<int64_t>(vocab, kTile);
-  // Building the bf16 weight table (4096 exps) pays off once a row is a few times longer.
-  const bool table = Elem<T>::kTable && vocab >= 16384;
-  const int64_t fixed = team_layout(table, 0).bytes;
-  const int64_t reserved = static_cast<int64_t>(sizeof(TeamShared)) + 64 + 1024;  // + per-block reserve
-  const auto budget = [&](int blocks_per_sm) {
-    return std::min<int64_t>(info.smem_per_block, info.smem_per_sm / blocks_per_sm) - reserved -
-           fixed;
-  };
-  const auto slice_bytes = [&](int size) {
-    return ceil_div<int64_t>(tiles, size) * kTile * static_cast<int64_t>(sizeof(Bits));
-  };
-  int size = 1;
-  if (info.major >= 9) {
-    while (size < kMaxTeamBlocks && slice_bytes(size) > budget(2)) size *= 2;
-    while (size < kMaxTeamBlocks && rows * size < 2 * info.sms &&
-           ceil_div<int64_t>(tiles, 2 * size) * kTile >= 4096)
-      size *= 2;
-  }
-  int64_t cache = slice_bytes(size);
-  if (cache > budget(1)) cache = 0;
-  smem_bytes = team_layout(table, static_cast<uint32_t>(cache)).bytes;
-  return {size, static_cast<uint32_t>(cache), table};
 }
 
 // Launches `teams` row teams of ta.size blocks each (a cluster when size > 1).
@@ -201,22 +154,14 @@ void raise_device_errors(const at::Tensor& errors, const ErrorContext& ctx) {
 }
 
 // Calls launch(device type tag, vector width) for the logits dtype and alignment.
-template <typename T, typename Launch>
-void dispatch_width(bool aligned, const Launch& launch) {
-  if (aligned) {
-    launch(T{}, std::integral_constant<int, 16 / static_cast<int>(sizeof(T))>{});
-  } else {
-    launch(T{}, std::integral_constant<int, 1>{});
-  }
-}
-
 template <typename Launch>
 void dispatch_logits(const at::Tensor& logits, const Launch& launch) {
-  const bool aligned = rows_aligned(logits);
+  const int vec = team_vector_width(logits.size(-1) * logits.element_size(), logits.data_ptr(),
+                                    static_cast<int>(logits.element_size()));
   switch (logits.scalar_type()) {
-    case at::kFloat: dispatch_width<float>(aligned, launch); break;
-    case at::kHalf: dispatch_width<__half>(aligned, launch); break;
-    case at::kBFloat16: dispatch_width<__nv_bfloat16>(aligned, launch); break;
+    case at::kFloat: dispatch_team_width<float>(vec, launch); break;
+    case at::kHalf: dispatch_team_width<__half>(vec, launch); break;
+    case at::kBFloat16: dispatch_team_width<__nv_bfloat16>(vec, launch); break;
     default: TORCH_CHECK_VALUE(false, "unsupported logits dtype ", logits.scalar_type());
   }
 }
@@ -235,12 +180,12 @@ SampleResult sample_cuda(const at::Tensor& logits, const ParamTensors& params, b
   if (rows == 0) return {tokens, probs};
   const ParamPointers view = param_pointers(params);
   const int mantissa = mantissa_bits(logits.scalar_type());
-  const DeviceInfo& info = device_info(logits.get_device());
+  const DeviceLimits& info = device_info(logits.get_device());
   dispatch_logits(logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
     uint32_t smem = 0;
-    const TeamArgs ta = plan_team<T, kVec>(rows, vocab, info, smem);
+    const TeamArgs ta = plan_team(rows, vocab, sizeof(T), kVec, Elem<T>::kTable, info, smem);
     launch_teams(&sample_kernel<T, kVec>, rows, ta, smem, "N (rows of logits)",
                  static_cast<const T*>(logits.const_data_ptr()), vocab, mantissa, view, ta,
                  tokens.mutable_data_ptr<int64_t>(),
@@ -284,12 +229,13 @@ struct Workspace {
 template <bool kTree>
 void launch_verify(VerifyArgs& args, const at::Tensor& target_logits) {
   if (args.batch * args.rows == 0) return;
-  const DeviceInfo& info = device_info(target_logits.get_device());
+  const DeviceLimits& info = device_info(target_logits.get_device());
   dispatch_logits(target_logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
     uint32_t smem = 0;
-    const TeamArgs ta = plan_team<T, kVec>(args.batch * args.rows, args.vocab, info, smem);
+    const TeamArgs ta = plan_team(args.batch * args.rows, args.vocab, sizeof(T), kVec,
+                                  Elem<T>::kTable, info, smem);
     launch_teams(&verify_kernel<T, kVec, kTree>, args.batch * args.rows, ta, smem,
                  "B * (K + 1) or B * T", args, ta);
   });

@@ -2,6 +2,7 @@
 // row addressing they share with the CPU kernels is in core/kv_cache.h. No torch includes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/common.h"
@@ -117,10 +118,6 @@ __global__ void advance_cache_lens_kernel(index_t* __restrict__ cache_lens,
   if (b < batch) cache_lens[b] += num_accepted[b];
 }
 
-#endif  // SPECDEC_DEVICE_CODE
-
-#if defined(__CUDACC__)
-
 // One warp per request: frees every allocated block at or after the first block the new length
 // no longer needs, compacting the freed ids to the left of freed_blocks[b] with a warp ballot.
 template <typename index_t>
@@ -151,6 +148,48 @@ __global__ void rollback_paged_kernel(index_t* __restrict__ block_tables,
   if (lane == 0) cache_lens[b] = new_lens[b];
 }
 
-#endif  // __CUDACC__
+// ------------------------------------------------------------------------- launch plan
+// What cuda/kv_cache.cu launches, shared with the emulator (csrc/cuda/emulation).
+
+constexpr int kCompactThreads = 128;
+constexpr int64_t kStagingBytes = 32 * 1024;  // shared memory of compact_kv_rows_kernel
+constexpr int kAdvanceLensThreads = 256;
+constexpr int kRollbackWarps = 4;  // requests (a warp each) per block of rollback_paged_kernel
+
+// The launch of a compaction moving rows of row_bytes bytes `width` bytes at a time, for
+// `groups` = tensors * B * H row sets: the register kernel (a thread per vector column) up to
+// kCompactRegisterRows accepted rows, else the staged kernel (a CTA per row set and chunk).
+struct CompactPlan {
+  bool staged;            // compact_kv_rows_kernel
+  int64_t grid_x, grid_y;
+  int64_t chunk_bytes;    // bytes of each row one staged CTA moves
+  int64_t smem_bytes;
+};
+
+inline CompactPlan plan_compact(int64_t groups, int64_t row_bytes, int width,
+                                int64_t max_accepted) {
+  if (max_accepted <= kCompactRegisterRows) {
+    const int64_t threads = groups * (row_bytes / width);
+    return {false, ceil_div<int64_t>(threads, kCompactThreads), 1, row_bytes, 0};
+  }
+  int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
+  chunk -= chunk % width;  // 0 when max_accepted * width > kStagingBytes (the launcher refuses)
+  const int64_t chunks = chunk > 0 ? ceil_div<int64_t>(row_bytes, chunk) : 0;
+  return {true, groups, chunks, chunk, max_accepted * chunk};
+}
+
+// Calls launch(vec_t{}) with the unsigned type of `width` bytes (16: uint4, 8: uint2, ...).
+template <typename Launch>
+void dispatch_vector_width(int width, Launch&& launch) {
+  switch (width) {
+    case 16: launch(uint4{}); break;
+    case 8: launch(uint2{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    default: launch(uint8_t{}); break;
+  }
+}
+
+#endif  // SPECDEC_DEVICE_CODE
 
 }  // namespace specdec

@@ -11,15 +11,16 @@
 // `errors` (kNoError = all ones); a request with an error gets num_accepted 0 and tokens -1.
 #pragma once
 
-#if defined(__CUDACC__)
-
 #include <cstdint>
 
 #include "core/philox.h"
 #include "core/sampling.h"
 #include "core/verify.h"
+#include "cuda/kernels/device_code.cuh"
 #include "cuda/kernels/team.cuh"
 #include "cuda/kernels/team_row.cuh"
+
+#if defined(SPECDEC_DEVICE_CODE)
 
 namespace specdec {
 
@@ -32,8 +33,8 @@ __global__ void __launch_bounds__(kTeamThreads, 2)
     sample_kernel(const T* __restrict__ logits, int64_t vocab, int mantissa, ParamPointers params,
                   TeamArgs ta, int64_t* __restrict__ tokens, float* __restrict__ probs,
                   unsigned long long* __restrict__ errors) {
-  __shared__ TeamShared sh;
-  extern __shared__ __align__(16) unsigned char dyn[];
+  SPECDEC_SHARED(TeamShared, sh);
+  SPECDEC_EXTERN_SHARED(unsigned char, dyn);
   Team team{ta.size, static_cast<int>(blockIdx.x % ta.size), 0, sh};
   const int64_t n = blockIdx.x / ta.size;
   const RowParams p = params.at(n);
@@ -238,9 +239,9 @@ __device__ void assemble_request(const VerifyArgs& a, int64_t b, const RowParams
 // request to finish assembles its outputs (in its rank-0 block).
 template <typename T, int VEC, bool kTree>
 __global__ void __launch_bounds__(kTeamThreads, 2) verify_kernel(VerifyArgs a, TeamArgs ta) {
-  __shared__ TeamShared sh;
-  __shared__ bool is_last;
-  extern __shared__ __align__(16) unsigned char dyn[];
+  SPECDEC_SHARED(TeamShared, sh);
+  SPECDEC_SHARED(bool, is_last);
+  SPECDEC_EXTERN_SHARED(unsigned char, dyn);
   Team team{ta.size, static_cast<int>(blockIdx.x % ta.size), 0, sh};
   const int64_t item = blockIdx.x / ta.size;
   const int64_t b = item / a.rows;
@@ -266,4 +267,4 @@ __global__ void __launch_bounds__(kTeamThreads, 2) verify_kernel(VerifyArgs a, T
 
 }  // namespace specdec
 
-#endif  // __CUDACC__
+#endif  // SPECDEC_DEVICE_CODE

@@ -9,15 +9,12 @@
 // memory), so every block holds the same value and a run is deterministic.
 #pragma once
 
-#if defined(__CUDACC__)
-
-#include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+#include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/sampling.h"
+#include "cuda/kernels/device_code.cuh"
 
 namespace specdec {
 
@@ -77,27 +74,6 @@ SPECDEC_HD TeamLayout team_layout(bool with_table, uint32_t cache_bytes) {
   return l;
 }
 
-// ----------------------------------------------------------------------------- warp sums
-
-// Every lane gets the same value: the butterfly adds commute lane by lane.
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-
-// Inclusive prefix sum over the lanes (lane order).
-__device__ __forceinline__ double warp_scan_d(double v, int lane) {
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double n = __shfl_up_sync(kFullMask, v, o);
-    if (lane >= o) v += n;
-  }
-  return v;
-}
-
-// ----------------------------------------------------------------------------- team
-
 // Values a block publishes to its team; double-buffered (see Team::publish).
 struct TeamExchange {
   double seg[kTeamWarps];  // one per warp (segment sums)
@@ -121,6 +97,90 @@ struct TeamShared {
   int list_fill;
 };
 
+// ----------------------------------------------------------------------------- launch plan
+
+// What the team plan needs to know about a device (cudaDeviceGetAttribute).
+struct DeviceLimits {
+  int sms = 0;
+  int major = 0;           // compute capability
+  int smem_per_sm = 0;     // bytes
+  int smem_per_block = 0;  // bytes a block may opt in to
+};
+
+// The team of each row: on sm_90 and later a cluster of up to 8 blocks, enough that a block's
+// slice of the row fits its shared memory with two blocks per SM (more when there are few rows,
+// so that about two blocks per SM are busy, keeping at least 4096 elements per block). Earlier
+// GPUs: one block per row. The slice is copied to shared memory when it fits (two blocks per
+// SM, else one); else later passes re-read global memory. `elem_bytes`: bytes per logit, `vec`:
+// logits per load (team_vector_width), `bf16`: whether the logits are bfloat16.
+inline TeamArgs plan_team(int64_t rows, int64_t vocab, int64_t elem_bytes, int vec, bool bf16,
+                          const DeviceLimits& info, uint32_t& smem_bytes) {
+  const int64_t tile = 32 * vec;
+  const int64_t tiles = ceil_div<int64_t>(vocab, tile);
+  // Building the bf16 weight table (4096 exps) pays off once a row is a few times longer.
+  const bool table = bf16 && vocab >= 16384;
+  const int64_t fixed = team_layout(table, 0).bytes;
+  const int64_t reserved = static_cast<int64_t>(sizeof(TeamShared)) + 64 + 1024;  // + per-block reserve
+  const auto budget = [&](int blocks_per_sm) {
+    return std::min<int64_t>(info.smem_per_block, info.smem_per_sm / blocks_per_sm) - reserved -
+           fixed;
+  };
+  const auto slice_bytes = [&](int size) {
+    return ceil_div<int64_t>(tiles, size) * tile * elem_bytes;
+  };
+  int size = 1;
+  if (info.major >= 9) {
+    while (size < kMaxTeamBlocks && slice_bytes(size) > budget(2)) size *= 2;
+    while (size < kMaxTeamBlocks && rows * size < 2 * info.sms &&
+           ceil_div<int64_t>(tiles, 2 * size) * tile >= 4096)
+      size *= 2;
+  }
+  int64_t cache = slice_bytes(size);
+  if (cache > budget(1)) cache = 0;
+  smem_bytes = team_layout(table, static_cast<uint32_t>(cache)).bytes;
+  return {size, static_cast<uint32_t>(cache), table};
+}
+
+// Logits per load: 16 bytes when every row of `row_bytes` bytes starting at `base` is 16-byte
+// aligned, else one element at a time.
+inline int team_vector_width(int64_t row_bytes, const void* base, int elem_bytes) {
+  const bool aligned = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0;
+  return aligned ? 16 / elem_bytes : 1;
+}
+
+// Calls launch(T{}, integral_constant<int, VEC>{}) for the vector width `vec`.
+template <typename T, typename Launch>
+void dispatch_team_width(int vec, const Launch& launch) {
+  if (vec == 1) {
+    launch(T{}, std::integral_constant<int, 1>{});
+  } else {
+    launch(T{}, std::integral_constant<int, 16 / static_cast<int>(sizeof(T))>{});
+  }
+}
+
+#if defined(SPECDEC_DEVICE_CODE)
+
+// ----------------------------------------------------------------------------- warp sums
+
+// Every lane gets the same value: the butterfly adds commute lane by lane.
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// Inclusive prefix sum over the lanes (lane order).
+__device__ __forceinline__ double warp_scan_d(double v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double n = __shfl_up_sync(kFullMask, v, o);
+    if (lane >= o) v += n;
+  }
+  return v;
+}
+
+// ----------------------------------------------------------------------------- team
+
 // The blocks of one row team. Every thread of every block calls the methods in the same order
 // with the same arguments.
 struct Team {
@@ -131,7 +191,7 @@ struct Team {
 
   // A barrier over every thread of the team, ordering shared and global memory.
   __device__ __forceinline__ void sync() const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(SPECDEC_CLUSTERS)
     if (size > 1) {
       cooperative_groups::this_cluster().sync();
       return;
@@ -143,7 +203,7 @@ struct Team {
   // `local` (an address in this block's shared memory) in block `r` of the team.
   template <typename P>
   __device__ __forceinline__ P* at(P* local, int r) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(SPECDEC_CLUSTERS)
     if (size > 1) return cooperative_groups::this_cluster().map_shared_rank(local, r);
 #endif
     return local;
@@ -168,7 +228,7 @@ struct Team {
 };
 
 // Sum over the block; every thread gets the same value (warps in order).
-__device__ double block_sum_d(double v, TeamShared& sh) {
+SPECDEC_DEVICE_FUNCTION double block_sum_d(double v, TeamShared& sh) {
   v = warp_sum_d(v);
   if ((threadIdx.x & 31) == 0) sh.warp_d[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -180,7 +240,7 @@ __device__ double block_sum_d(double v, TeamShared& sh) {
 }
 
 // Inclusive prefix sum over the block in thread order; `total` receives the block's sum.
-__device__ double block_scan_d(double v, double& total, TeamShared& sh) {
+SPECDEC_DEVICE_FUNCTION double block_scan_d(double v, double& total, TeamShared& sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const double inclusive = warp_scan_d(v, lane);
   if (lane == 31) sh.warp_d[warp] = inclusive;
@@ -196,7 +256,7 @@ __device__ double block_scan_d(double v, double& total, TeamShared& sh) {
   return before + inclusive;
 }
 
-__device__ int block_min_i(int v, TeamShared& sh) {
+SPECDEC_DEVICE_FUNCTION int block_min_i(int v, TeamShared& sh) {
   v = __reduce_min_sync(kFullMask, v);
   if ((threadIdx.x & 31) == 0) sh.warp_n[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -207,7 +267,7 @@ __device__ int block_min_i(int v, TeamShared& sh) {
   return m;
 }
 
-__device__ int block_max_i(int v, TeamShared& sh) {
+SPECDEC_DEVICE_FUNCTION int block_max_i(int v, TeamShared& sh) {
   v = __reduce_max_sync(kFullMask, v);
   if ((threadIdx.x & 31) == 0) sh.warp_n[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -219,7 +279,7 @@ __device__ int block_max_i(int v, TeamShared& sh) {
 }
 
 // Sorts keys[0, n) ascending in place (n a power of two, at most kListCap): bitonic network.
-__device__ void block_sort_u64(unsigned long long* keys, int n) {
+SPECDEC_DEVICE_FUNCTION void block_sort_u64(unsigned long long* keys, int n) {
   for (int k = 2; k <= n; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
       for (int i = threadIdx.x; i < n; i += kTeamThreads) {
@@ -238,6 +298,6 @@ __device__ void block_sort_u64(unsigned long long* keys, int n) {
   }
 }
 
-}  // namespace specdec
+#endif  // SPECDEC_DEVICE_CODE
 
-#endif  // __CUDACC__
+}  // namespace specdec

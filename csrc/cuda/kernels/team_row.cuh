@@ -25,16 +25,14 @@
 // written.
 #pragma once
 
-#if defined(__CUDACC__)
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 #include <type_traits>
 
 #include "core/sampling.h"
+#include "cuda/kernels/device_code.cuh"
 #include "cuda/kernels/team.cuh"
+
+#if defined(SPECDEC_DEVICE_CODE)
 
 namespace specdec {
 
@@ -912,4 +910,4 @@ struct TeamRow {
 
 }  // namespace specdec
 
-#endif  // __CUDACC__
+#endif  // SPECDEC_DEVICE_CODE

@@ -9,7 +9,10 @@
 
 namespace specdec {
 
-#if defined(__CUDACC__)
+constexpr int kTreeMaskThreads = 256;  // threads of a build_tree_masks_kernel block (a request)
+constexpr int kLookaheadThreads = 128;  // window rows per block of build_lookahead_masks_kernel
+
+#if defined(SPECDEC_DEVICE_CODE)
 
 // Exclusive prefix sum of `flag` over the threads of a block (blockDim.x a multiple of 32, at
 // most 1024); returns it and writes the block total to *total. `scratch` holds 32 ints.
@@ -45,7 +48,7 @@ __global__ void build_tree_masks_kernel(const index_t* __restrict__ parents,
                                         int64_t* __restrict__ retrieve_paths,
                                         int64_t* __restrict__ num_leaves,
                                         int32_t* __restrict__ has_child, int64_t num_nodes) {
-  __shared__ int scan_scratch[32];
+  SPECDEC_SHARED(int[32], scan_scratch);
   const int64_t b = blockIdx.x;
   const int64_t words = tree_mask_words(num_nodes);
   const index_t* par = parents + b * num_nodes;
@@ -106,6 +109,6 @@ __global__ void build_lookahead_masks_kernel(const index_t* __restrict__ window,
   for (int64_t k = 0; k < columns; ++k) dense[k] = tree_mask_bit(row, k);
 }
 
-#endif  // __CUDACC__
+#endif  // SPECDEC_DEVICE_CODE
 
 }  // namespace specdec
