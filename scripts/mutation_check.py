@@ -10,7 +10,7 @@ tests on it (pytest, in process) until the first failure. A mutation is caught w
 fails, missed when they all pass. Prints a table and the catch rate; exits 1 if any mutation
 was missed or did not apply (its text no longer matches the sources: update the list).
 
-    python3 scripts/mutation_check.py              # every mutation (CI: .ci/run)
+    python3 scripts/mutation_check.py              # every mutation, a worker per core (CI)
     python3 scripts/mutation_check.py --list
     python3 scripts/mutation_check.py --only shfl-mask tile-edge
 """
@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import multiprocessing
+import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -353,35 +356,54 @@ def run(mutation: Mutation, scratch: Path) -> tuple[str, str, float]:
         (scratch / mutation.file).write_text(original)
 
 
+_scratch: Path | None = None  # a worker's copy of csrc
+
+
+def start_worker(root: str) -> None:
+    """A worker process: its own copy of csrc to mutate (one mutation at a time)."""
+    global _scratch
+    torch.set_num_threads(1)
+    _scratch = Path(tempfile.mkdtemp(prefix="specdec-mutants-", dir=root)) / "csrc"
+    shutil.copytree(ROOT / "csrc", _scratch)
+
+
+def run_in_worker(name: str) -> tuple[str, str, str, float]:
+    mutation = next(x for x in MUTATIONS if x.name == name)
+    return (name, *run(mutation, _scratch))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="mutation names to run")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: one per core)")
     args = parser.parse_args()
     chosen = [x for x in MUTATIONS if not args.only or x.name in args.only]
     if args.list or not chosen:
         for x in MUTATIONS:
             print(f"{x.name:32} csrc/{x.file}: {x.fault}")
         return 0 if args.list else 2
-    if emulation.library() is None:
+    if emulation.library() is None:  # also builds the unmutated objects the workers reuse
         print(f"mutation check skipped: {emulation.UNAVAILABLE}")
         return 0
-    results = []
-    with tempfile.TemporaryDirectory(prefix="specdec-mutants-") as tmp:
-        scratch = Path(tmp) / "csrc"
-        shutil.copytree(ROOT / "csrc", scratch)
-        for mutation in chosen:
-            outcome, detail, seconds = run(mutation, scratch)
-            results.append((mutation, outcome, detail, seconds))
-            print(f"{outcome:12} {seconds:6.1f} s  {mutation.name}: {detail}", flush=True)
-    caught = sum(outcome == "caught" for _, outcome, _, _ in results)
-    print(f"\n| mutation | fault | outcome | by |\n|---|---|---|---|")
-    for mutation, outcome, detail, _ in results:
-        print(f"| {mutation.name} | {mutation.fault} | {outcome} | {detail} |")
-    total = sum(s for *_, s in results)
-    print(f"\ncaught {caught} of {len(results)} mutations ({100 * caught / len(results):.0f}%) "
-          f"in {total:.0f} s")
-    return 0 if caught == len(results) else 1
+    start = time.time()
+    results = {}
+    with tempfile.TemporaryDirectory() as root:
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(min(args.jobs, len(chosen)), start_worker, (root,)) as pool:
+            for name, outcome, detail, seconds in pool.imap_unordered(
+                    run_in_worker, [x.name for x in chosen]):
+                results[name] = (outcome, detail)
+                print(f"{outcome:12} {seconds:6.1f} s  {name}: {detail}", flush=True)
+    caught = sum(outcome == "caught" for outcome, _ in results.values())
+    print("\n| mutation | fault | outcome | caught by |\n|---|---|---|---|")
+    for x in chosen:
+        outcome, detail = results[x.name]
+        print(f"| {x.name} | {x.fault} | {outcome} | {detail} |")
+    print(f"\ncaught {caught} of {len(chosen)} mutations ({100 * caught / len(chosen):.0f}%) in "
+          f"{time.time() - start:.0f} s with {min(args.jobs, len(chosen))} workers")
+    return 0 if caught == len(chosen) else 1
 
 
 if __name__ == "__main__":
