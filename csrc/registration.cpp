@@ -39,8 +39,8 @@ TORCH_LIBRARY(specdec, m) {
   // ---------------------------------------------------------------- verification
   // Per-request sampling parameters, all [B] on the logits' device: temperature (float32, 0 =
   // greedy), top_k (int64, <= 0 or >= V = off), top_p (float32 in (0, 1]), min_p (float32 in
-  // [0, 1)), seed and offset (int64: the Philox key and counter of kernels/philox.cuh).
-  // Processing and decision rules: kernels/sampling.cuh, kernels/verify.cuh.
+  // [0, 1)), seed and offset (int64: the Philox key and counter of core/philox.h).
+  // Processing and decision rules: core/sampling.h, core/verify.h.
   //
   // One token per row of logits [N, V] (float32/float16/bfloat16), drawn from the processed
   // distribution: tokens [N] int64.
