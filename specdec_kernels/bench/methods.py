@@ -250,6 +250,8 @@ METHOD_DESCRIPTIONS = {
     "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
     "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
     "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
+    "ours-token-recycling": "ours, token recycling (the target's recent top-k per token, a tree)",
+    "ours-suffix": "ours, suffix automaton of the context (and of earlier outputs, repeated task)",
     "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
@@ -266,6 +268,8 @@ METHOD_DRAFTERS = {
     "ours-jacobi": "jacobi",
     "ours-retrieval": "retrieval",
     "ours-quantized-self": "quantized-self",
+    "ours-token-recycling": "token-recycling",
+    "ours-suffix": "suffix",
     "ours-multi": "multi",
 }
 
@@ -404,6 +408,13 @@ def build_methods(
         "ours-quantized-self": lambda: ours(
             "ours-quantized-self",
             lambda: make_drafter("quantized-self", **options.get("quantized-self", {})),
+        ),
+        "ours-token-recycling": lambda: ours(
+            "ours-token-recycling",
+            lambda: make_drafter("token-recycling", **options.get("token-recycling", {})),
+        ),
+        "ours-suffix": lambda: ours(
+            "ours-suffix", lambda: make_drafter("suffix", **options.get("suffix", {}))
         ),
         "ours-multi": lambda: ours("ours-multi", lambda: make_drafter("multi", **multi_options)),
         "ours-draft-model": lambda: ours(

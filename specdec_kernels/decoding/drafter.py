@@ -45,6 +45,13 @@ step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that 
 expected tokens per unit of step cost (retrieval and merged prophets use it; Medusa derives its
 static tree from the same curve).
 
+**What the forward predicted** (:attr:`StepOutcome.logits`, :attr:`StepOutcome.tokens`,
+:attr:`StepOutcome.accepted_rows`). After every step a drafter is handed, on the device and
+without any extra device read, the target's logits over every row of the verified block, the
+token each row held (``-1`` on rows a request did not use) and which rows formed the accepted
+path: the top-k of every row, rejected branches included, is free evidence of what follows
+which token (token recycling keeps it). A merged prophet gets the merged block's.
+
 **Drafter statistics** (:meth:`Drafter.report`). Whatever a drafter measured about itself
 (e.g. per-prophet figures of a merged drafter) is returned by :meth:`Drafter.report` at the end
 of a run and lands in :attr:`~specdec_kernels.decoding.stats.RunStats.drafter_report`.
@@ -239,12 +246,21 @@ class StepOutcome:
         :class:`ExtraRows` (if any). Row ``j`` predicts the token after block row ``j``.
     tree_width : int
         ``T``: block rows that were verified (extra rows start there).
+    tokens : Tensor, optional
+        ``[B, T]`` int64 token of each verified block row (the pending token first; ``-1`` on
+        rows a request did not use: tree padding, chain columns past its ``num_draft``), on
+        the device: with :attr:`logits`, what the target predicted after which token.
+    accepted_rows : Tensor, optional
+        ``[B, W]`` int64 block rows of each request's accepted path, the pending token's
+        (row 0) first, then ``-1`` past its ``num_accepted[b] + 1`` entries, on the device.
     """
 
     previous_starts: list
     num_accepted: list
     logits: Tensor | None = None
     tree_width: int = 0
+    tokens: Tensor | None = None
+    accepted_rows: Tensor | None = None
 
     @property
     def extra_logits(self) -> Tensor | None:

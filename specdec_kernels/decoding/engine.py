@@ -262,7 +262,7 @@ class Engine:
         proposal = self.drafter.propose(state)
         t1 = time.perf_counter()
         eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
-        num_accepted, emitted, logits, proposal_width = self._verify_and_commit(
+        num_accepted, emitted, seen = self._verify_and_commit(
             state, proposal, eos_blocked if max(eos_blocked) > 0 else None, stop.eos_ids
         )
         stats.target_forwards += 1
@@ -285,9 +285,7 @@ class Engine:
                 gen.on_emit(req, gen.outputs[req][before:], reason is not None)
             state.remaining[b] = stop.max_new_tokens[req] - len(gen.outputs[req])
         t2 = time.perf_counter()
-        self.drafter.accept(
-            state, StepOutcome(previous_starts, num_accepted, logits, proposal_width)
-        )
+        self.drafter.accept(state, StepOutcome(previous_starts, num_accepted, **seen))
         stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
         if finished:
             keep_rows = [b for b in range(len(gen.rows)) if b not in finished]
@@ -312,8 +310,9 @@ class Engine:
 
         ``eos_blocked[b]``: the block rows of request ``b`` at depth below it get the EOS ids
         masked out of the target logits (``min_new_tokens``); ``None`` when no row needs it.
-        Returns the accepted counts and emitted tokens per request, the block's logits and
-        the width of its verified part (extra rows follow it)."""
+        Returns the accepted counts and emitted tokens per request, and what the drafter
+        sees of the forward (:class:`StepOutcome`'s ``logits``, ``tree_width``, ``tokens``,
+        ``accepted_rows``; device tensors)."""
         runner, cache = self.runner, state.cache
         want = self.features is not None
         if isinstance(proposal, ChainProposal):
@@ -358,10 +357,11 @@ class Engine:
                 )
         if parents is None:
             rows = torch.arange(width, device=block.device).expand(block.shape[0], width)
-            used = proposal.num_draft + 1
+            valid = rows <= proposal.num_draft[:, None]
         else:
             rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
-            used = (parents != -2).sum(1)
+            valid = parents != -2
+        used = valid.sum(1)
         if extra is not None:
             used = used + (extra.positions >= 0).sum(1)
 
@@ -380,7 +380,12 @@ class Engine:
         step.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
-        return accepted, emitted, logits, width
+        seen = dict(
+            logits=logits, tree_width=width,
+            tokens=torch.where(valid, block[:, :width], -1),
+            accepted_rows=torch.where(keep, rows, -1),
+        )
+        return accepted, emitted, seen
 
     def _select(self, state: DecodeState, keep_rows: list) -> None:
         index = torch.tensor(keep_rows, dtype=torch.int64, device=state.pending.device)

@@ -26,15 +26,18 @@ What the prophets are told
 --------------------------
 After the step, prophet ``p`` receives a :class:`StepOutcome` whose ``num_accepted[b]`` is the
 number of leading accepted drafts that it had proposed itself (its chain's matching prefix,
-whether or not the budget kept its whole proposal), without logits. Drafters whose proposals
-carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or ask for typical acceptance
-cannot be merged (``ValueError``).
+whether or not the budget kept its whole proposal); its logits, tokens and accepted rows
+are the merged block's (what the target predicted after every node, whoever proposed it).
+Drafters whose proposals carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or ask
+for typical acceptance cannot be merged (``ValueError``).
 
 Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes verified
 (kept by the budget), accepted drafts it had proposed, and their share of the emitted tokens.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
 from specdec_kernels.decoding.drafter import (
@@ -251,13 +254,16 @@ class OutcomeJudge:
         self.pending = [[] for _ in range(batch)]
 
     def add(self, state: DecodeState, outcome: StepOutcome, candidates: list,
-            stats: AcceptanceStats) -> None:
-        """Queue this step's tries and judge every queued one that can be."""
+            stats: AcceptanceStats | list) -> None:
+        """Queue this step's tries and judge every queued one that can be, into ``stats``:
+        one :class:`AcceptanceStats` for the batch, or a list of one per request (a
+        request's trees then depend on its own history only)."""
         for b, cand in enumerate(candidates):
             self.pending[b].append((cand, outcome.previous_starts[b] + 1))
             ctx = state.contexts[b]
+            own = stats[b] if isinstance(stats, list) else stats
             self.pending[b] = [
-                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
+                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], own)
             ]
 
     def select_requests(self, keep: list) -> None:
@@ -386,7 +392,7 @@ class MultiDrafter(Drafter):
                 per_prophet[name].append(count)
         self._judge.add(state, outcome, self._candidates, self.stats)
         for name, drafter in zip(self.names, self.drafters):
-            drafter.accept(state, StepOutcome(outcome.previous_starts, per_prophet[name]))
+            drafter.accept(state, dataclasses.replace(outcome, num_accepted=per_prophet[name]))
 
     def select_requests(self, keep: list) -> None:
         self._judge.select_requests(keep)
