@@ -160,56 +160,91 @@ def test_memory_holds_its_bound_and_drops_the_least_recently_used():
 # ---------------------------------------------------------------------------- successor table
 
 
-def reference_update(table, tokens, top, accepted):
-    """Plain Python: rows written in increasing priority (other rows, then the accepted
-    path; within each, in row order), so the accepted and later rows win."""
-    order = [j for j in range(len(tokens)) if j not in accepted] + sorted(accepted)
-    for j in order:
-        if tokens[j] >= 0:
-            table[tokens[j]] = top[j]
+class ReferenceTable:
+    """The successor table of one request in plain Python (the hash of pairs shared)."""
+
+    def __init__(self, table: SuccessorTable, prompt: list):
+        fallback, singles, pairs = prompt_successors(prompt, table.k, table.vocab_size)
+        self.hash = table
+        self.single = {v: singles.get((v,), fallback) for v in range(table.vocab_size)}
+        self.pair = {}
+        for (u, v), row in pairs.items():
+            self.pair[self.slot(u, v)] = ((u, v), row)
+
+    def slot(self, u, v):
+        return int(self.hash._pair(torch.tensor(u), torch.tensor(v))[1])
+
+    def row(self, before, last):
+        if before >= 0:
+            held = self.pair.get(self.slot(before, last))
+            if held is not None and held[0] == (before, last):
+                return held[1]
+        return self.single[last]
+
+    def update(self, tokens, parents, top, accepted, root_before):
+        """Rows written in increasing priority (other rows, then the accepted path; within
+        each, in row order), so the accepted and then the later rows win."""
+        for j in [j for j in range(len(tokens)) if j not in accepted] + sorted(accepted):
+            if tokens[j] < 0:
+                continue
+            self.single[tokens[j]] = top[j]
+            before = tokens[parents[j]] if parents[j] >= 0 else root_before
+            if before >= 0:
+                self.pair[self.slot(before, tokens[j])] = ((before, tokens[j]), top[j])
+
+    def walk(self, root, root_before, parents, ranks):
+        tokens, before = [root], [root_before]
+        for j in range(1, len(parents)):
+            if parents[j] < 0:
+                tokens.append(root)
+                before.append(root_before)
+                continue
+            p = parents[j]
+            tokens.append(self.row(before[p], tokens[p])[ranks[j]])
+            before.append(tokens[p])
+        return tokens
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_successor_table_update_and_walk_match_python(seed):
+@pytest.mark.parametrize("slots", [1 << 14, 4])  # 4 slots: collisions all the time
+@pytest.mark.parametrize("seed", range(4))
+def test_successor_table_update_and_walk_match_python(seed, slots):
     gen = torch.Generator().manual_seed(seed)
     vocab, k, batch, width = 11, 3, 2, 9
-    table = SuccessorTable(vocab, k, "cpu")
-    prompts = [[1, 2, 3, 2, 4], [5]]
+    table = SuccessorTable(vocab, k, "cpu", pair_slots=slots)
+    prompts = [[1, 2, 3, 2, 4, 2, 3, 1], [5]]
     table.start(prompts)
-    mirror = []
-    for prompt in prompts:
-        fallback, rows = prompt_successors(prompt, k, vocab)
-        mirror.append({v: rows.get(v, fallback) for v in range(vocab)})
+    mirror = [ReferenceTable(table, p) for p in prompts]
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 3, 2, 6, 0], [-1, 0, 1, 2, 0, 4, -2, -2, -2]])
     for _ in range(4):
         tokens = torch.randint(0, 4, (batch, width), generator=gen)  # many repeats
         tokens[1, 6:] = -1  # unused rows
         logits = torch.randn(batch, width + 2, vocab, generator=gen)
-        accepted = torch.tensor([[0, 3, 5, -1], [0, 2, -1, -1]])
-        table.update(tokens, logits, accepted)
+        accepted = torch.tensor([[0, 1, 4, -1], [0, 4, 5, -1]])
+        before = torch.randint(-1, 4, (batch,), generator=gen)
+        table.update(tokens, parents, logits, accepted, before)
         top = logits.topk(k, -1).indices.tolist()
         for b in range(batch):
-            reference_update(mirror[b], tokens[b].tolist(), top[b],
-                             [r for r in accepted[b].tolist() if r >= 0])
+            mirror[b].update(tokens[b].tolist(), parents[b].tolist(), top[b],
+                             [r for r in accepted[b].tolist() if r >= 0], int(before[b]))
     for b in range(batch):
-        assert table.table[b, :vocab].tolist() == [mirror[b][v] for v in range(vocab)]
-    parents = torch.tensor([[-1, 0, 0, 1, 3, -2], [-1, 0, 1, -2, -2, -2]])
-    ranks = torch.tensor([[0, 0, 2, 1, 0, 0], [0, 1, 2, 0, 0, 0]])
-    depths = torch.tensor([[0, 1, 1, 2, 3, -1], [0, 1, 2, -1, -1, -1]])
-    roots = torch.tensor([2, 7])
-    walked = table.walk(roots, parents, ranks, depths).tolist()
+        assert table.single[b, :vocab].tolist() == [mirror[b].single[v] for v in range(vocab)]
+    tree = torch.tensor([[-1, 0, 0, 1, 3, 2, -2], [-1, 0, 1, 2, -2, -2, -2]])
+    ranks = torch.tensor([[0, 0, 2, 1, 0, 1, 0], [0, 1, 2, 0, 0, 0, 0]])
+    depths = torch.tensor([[0, 1, 1, 2, 3, 2, -1], [0, 1, 2, 3, -1, -1, -1]])
+    roots, before = torch.tensor([2, 7]), torch.tensor([3, -1])
+    walked = table.walk(roots, before, tree, ranks, depths).tolist()
     for b in range(batch):
-        want = [int(roots[b])]
-        for j in range(1, 6):
-            p = int(parents[b, j])
-            want.append(mirror[b][want[p]][int(ranks[b, j])] if p >= 0 else int(roots[b]))
-        assert walked[b] == want
+        assert walked[b] == mirror[b].walk(int(roots[b]), int(before[b]), tree[b].tolist(),
+                                           ranks[b].tolist())
 
 
 def test_prompt_successors_are_distinct_and_most_recent_first():
-    fallback, rows = prompt_successors([4, 1, 4, 2, 4, 1, 4, 3], 3, 10)
+    fallback, singles, pairs = prompt_successors([4, 1, 4, 2, 4, 1, 4, 3], 3, 10)
     assert fallback == [4, 1, 2]
-    assert rows == {4: [3, 1, 2], 1: [4, 1, 2], 2: [4, 1, 2]}
-    assert prompt_successors([5], 3, 10) == ([5, 0, 1], {})
+    assert singles == {(4,): [3, 1, 2], (1,): [4, 1, 2], (2,): [4, 1, 2]}
+    assert pairs == {(4, 2): [4, 1, 2], (2, 4): [1, 3, 2], (4, 1): [4, 1, 2], (1, 4): [3, 2, 1]}
+    assert list(pairs) == [(4, 2), (2, 4), (4, 1), (1, 4)]  # by last occurrence
+    assert prompt_successors([5], 3, 10) == ([5, 0, 1], {}, {})
 
 
 # ---------------------------------------------------------------------------- bad options
@@ -233,3 +268,274 @@ def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="successors: 20 exceeds the vocabulary of 13"):
         generate(tiny_model(vocab=13, layers=1), [[1, 2]], max_new_tokens=2,
                  drafter=TokenRecyclingDrafter(successors=20))
+
+
+# ---------------------------------------------------------------------------- tiny models
+
+TINY_VOCAB = 13
+TINY_PROMPTS = [[1, 2, 3, 1, 2], [4], [5, 6, 7, 8, 9, 10, 11], [3, 3, 3, 3, 3, 3, 3, 3, 3], [2, 9]]
+FLAT_COST = {1: 1.0, 16: 1.0, 64: 4.0}  # width is cheap: the budgets draft freely
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", vocab=TINY_VOCAB, layers=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_memory(tiny):
+    """A memory holding the tiny target's own greedy continuations of other prompts."""
+    rng = random.Random(1)
+    memory = SuffixMemory(max_tokens=400)
+    for _ in range(10):
+        prompt = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 6))]
+        memory.add(prompt + hf_greedy(tiny, prompt, 20))
+    return memory
+
+
+def tiny_drafter(name, memory=None):
+    if name == "token-recycling":
+        return TokenRecyclingDrafter(successors=3, max_nodes=8, cost_curve=FLAT_COST)
+    if name == "suffix":
+        return SuffixDrafter(min_match=1, max_nodes=8, cost_curve=FLAT_COST)
+    if name == "suffix-memory":
+        return SuffixDrafter(memory=memory, min_match=1, max_nodes=8, cost_curve=FLAT_COST)
+    if name == "multi":
+        return MultiDrafter(
+            [TokenRecyclingDrafter(successors=3, max_nodes=6, budget=False),
+             SuffixDrafter(memory=memory, min_match=1, max_nodes=6, budget=False),
+             PromptLookupDrafter(max_ngram=3, max_depth=4)],
+            max_nodes=10, cost_curve=FLAT_COST,
+        )
+    raise ValueError(name)
+
+
+TINY_DRAFTERS = ["token-recycling", "suffix", "suffix-memory", "multi"]
+
+
+def frozen(memory):
+    """A copy of the memory that the run may grow without touching the fixture's."""
+    copy = SuffixMemory(memory.max_tokens)
+    for doc in memory._documents.values():
+        copy.add(doc)
+    return copy
+
+
+@pytest.mark.parametrize("cpu_kernels", [False, True])
+@pytest.mark.parametrize("name", TINY_DRAFTERS)
+def test_tiny_greedy_matches_hf_generate_batch_1_and_4(tiny, tiny_memory, name, cpu_kernels):
+    want = [hf_greedy(tiny, p, 19) for p in TINY_PROMPTS]
+    if cpu_kernels:  # the package's kernels: its own autoregressive output is the reference
+        want = [generate(tiny, [p], max_new_tokens=19, eos_token_id=[]).tokens[0]
+                for p in TINY_PROMPTS]
+    forwards = emitted = 0
+    for p, w in zip(TINY_PROMPTS, want):
+        out = generate(tiny, [p], drafter=tiny_drafter(name, frozen(tiny_memory)),
+                       max_new_tokens=19, eos_token_id=[], cpu_kernels=cpu_kernels)
+        assert out.tokens[0] == w, (name, p)
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    assert emitted / forwards > 1.2, (name, emitted / forwards)  # drafts were accepted
+    out = generate(tiny, TINY_PROMPTS[:4], drafter=tiny_drafter(name, frozen(tiny_memory)),
+                   max_new_tokens=[19, 7, 19, 13], eos_token_id=[], cpu_kernels=cpu_kernels)
+    assert out.tokens == [w[:n] for w, n in zip(want[:4], [19, 7, 19, 13])], name
+    if name == "multi":
+        prophets = out.stats.drafter_report["prophets"]
+        assert prophets["token-recycling"]["drafts_accepted"] > 0
+        assert prophets["suffix"]["drafts_accepted"] > 0
+
+
+@pytest.mark.parametrize("name", TINY_DRAFTERS)
+def test_a_request_does_not_depend_on_its_batch(tiny, tiny_memory, name):
+    """Same seed, same sampled output, whether the request runs alone or among others: each
+    request's table, statistics and tree are its own, and the memory is read-only in a run."""
+    prompts = [TINY_PROMPTS[0], TINY_PROMPTS[2], TINY_PROMPTS[4]]
+    kwargs = dict(max_new_tokens=14, temperature=1.0, eos_token_id=[])
+    if name == "multi":
+        pytest.skip("the merged budget sizes one block for the batch (MultiDrafter)")
+    together = generate(tiny, prompts, drafter=tiny_drafter(name, frozen(tiny_memory)),
+                        seed=[5, 6, 7], **kwargs)
+    for i, prompt in enumerate(prompts):
+        alone = generate(tiny, [prompt], drafter=tiny_drafter(name, frozen(tiny_memory)),
+                         seed=[5 + i], **kwargs)
+        assert alone.tokens[0] == together.tokens[i], (name, i)
+
+
+def test_memory_is_used_only_when_given_and_grows_after_the_run(tiny):
+    prompt, other = [1, 2, 3, 1, 2], [7, 4, 2, 9]
+    memory = SuffixMemory(max_tokens=64)
+    first = generate(tiny, [other], drafter=SuffixDrafter(memory=memory, min_match=1),
+                     max_new_tokens=20, eos_token_id=[])
+    assert memory.num_documents == 1 and list(memory.automaton.tokens) == first.tokens[0]
+    # Without the memory nothing of the first run reaches the next one.
+    fresh = generate(tiny, [other], drafter=SuffixDrafter(min_match=1), max_new_tokens=20,
+                     eos_token_id=[])
+    assert fresh.stats.drafter_report["accepted_from_memory"] == 0
+    assert "memory" not in fresh.stats.drafter_report
+    # With it, the same request drafts its whole output from the earlier one.
+    again = generate(tiny, [other], drafter=SuffixDrafter(memory=memory, min_match=1),
+                     max_new_tokens=20, eos_token_id=[])
+    report = again.stats.drafter_report
+    assert again.tokens == first.tokens and report["accepted_from_memory"] >= 10
+    assert again.stats.tau > fresh.stats.tau
+    # A batch reads the memory as it was when the run started, and adds in request order.
+    before = memory.num_documents
+    out = generate(tiny, [prompt, other], drafter=SuffixDrafter(memory=memory, min_match=1),
+                   max_new_tokens=6, eos_token_id=[])
+    assert memory.num_documents == before + 2
+    assert list(memory._documents.values())[-2:] == [tuple(t) for t in out.tokens]
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+    return tiny_model("llama", vocab=VOCAB, layers=3, seed=11)
+
+
+@pytest.mark.parametrize("name", ["token-recycling", "suffix-memory", "multi"])
+def test_sampling_follows_the_target_distribution(sampling_target, name):
+    target = sampling_target
+    exact = [exact_distribution(target, c) for c in CONFIGS]
+    memory = SuffixMemory(max_tokens=200)  # sequences over the tiny vocabulary
+    rng = random.Random(4)
+    for _ in range(4):
+        memory.add([rng.randrange(VOCAB) for _ in range(30)])
+    memory.add(PROMPT + [0, 4, 3, 1, 2])
+    drafter = {
+        "token-recycling": TokenRecyclingDrafter(successors=3, max_nodes=6, cost_curve=FLAT_COST),
+        "suffix-memory": SuffixDrafter(memory=memory, min_match=1, max_nodes=6,
+                                       cost_curve=FLAT_COST),
+        "multi": MultiDrafter(
+            [TokenRecyclingDrafter(successors=3, max_nodes=6, budget=False),
+             SuffixDrafter(memory=memory, min_match=1, max_nodes=6, budget=False)],
+            max_nodes=8, cost_curve=FLAT_COST),
+    }[name]
+    temps, ks, ps = zip(*[c for c in CONFIGS for _ in range(PER_CONFIG)])
+    n = len(temps)
+    out = generate(target, [PROMPT] * n, drafter=drafter, max_new_tokens=NEW,
+                   temperature=list(temps), top_k=list(ks), top_p=list(ps),
+                   seed=list(range(n)), eos_token_id=[])
+    assert all(len(t) == NEW for t in out.tokens)
+    for c, probs in enumerate(exact):
+        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
+        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
+        assert p > 1e-3, f"{name}, config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    assert out.stats.tau > 1.05
+
+
+# ---------------------------------------------------------------------------- default model
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded):
+    from specdec_kernels.models import encode_prompts
+
+    return encode_prompts(loaded.tokenizer, dev_prompts()[:8])
+
+
+@pytest.fixture(scope="module")
+def expected(loaded, prompts):
+    """The package's own greedy output (CPU kernels; equals HF's but for near ties, which
+    test_decoding_greedy checks)."""
+    return [generate(loaded, [p], max_new_tokens=NEW_TOKENS).tokens[0] for p in prompts]
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("name", ["token-recycling", "suffix", "multi-both"])
+def test_default_model_greedy_identity_batch_1_and_4(loaded, prompts, expected, name):
+    def drafter():
+        if name == "multi-both":
+            return make_drafter("multi", prophets="suffix,token-recycling,prompt-lookup")
+        return make_drafter(name)
+
+    forwards = emitted = 0
+    for p, want in zip(prompts[:4], expected):
+        out = generate(loaded, [p], drafter=drafter(), max_new_tokens=NEW_TOKENS)
+        assert out.tokens[0] == want, name
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    assert emitted / forwards > 1.0
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))[::2]
+    out = generate(loaded, [prompts[i] for i in order], drafter=drafter(),
+                   max_new_tokens=NEW_TOKENS)
+    assert out.tokens == [expected[i] for i in order], name
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize("drafter, extra", [
+    ("token-recycling", ["--successors", "4", "--max-nodes", "12"]),
+    ("suffix", ["--min-match", "2", "--depth-per-match", "2"]),
+    ("multi", ["--prophets", "suffix,token-recycling"]),
+])
+def test_cli_generate_runs_the_new_drafters(capsys, loaded, drafter, extra):
+    from specdec_kernels import cli
+
+    assert cli.main(["generate", "--drafter", drafter, *extra, "--max-new-tokens", "6",
+                     "--json", "Count: one two three, one two three,"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == drafter and len(out["tokens"][0]) == 6
+    if drafter != "multi":
+        settings = out["stats"]["drafter"]
+        assert all(str(settings[k.lstrip("-").replace("-", "_")]) in (v, str(float(v)))
+                   for k, v in zip(extra[::2], extra[1::2]))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--drafter", "suffix", "--successors", "3", "x"],
+     "--successors does not apply to --drafter suffix"),
+    (["generate", "--drafter", "token-recycling", "--min-match", "3", "x"],
+     "--min-match does not apply to --drafter token-recycling"),
+    (["bench", "--memory-tokens", "100"],
+     "--series-length and --memory-tokens apply to --workload repeated-task only"),
+    (["bench", "--workload", "repeated-task", "--categories", "qa"],
+     "--workload repeated-task makes its own series"),
+    (["bench", "--workload", "repeated-task", "--series-length", "1"],
+     "the series needs at least 2 requests, got 1"),
+])
+def test_cli_bad_options_exit_2(argv, message, capsys):
+    from specdec_kernels import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"specdec: error: {message}" in err and "Loading weights" not in err
+
+
+def test_repeated_task_series_is_generated_not_taken_from_the_benchmark():
+    from specdec_kernels.bench.prompts import SERIES_HALVES, repeated_task_prompts
+    from specdec_kernels.data import load_prompts
+
+    series = repeated_task_prompts(10)
+    assert series == repeated_task_prompts(10)  # deterministic
+    assert [p.question_id for p in series] == list(range(1, 11))
+    assert [p.category for p in series] == [SERIES_HALVES[0]] * 5 + [SERIES_HALVES[1]] * 5
+    instruction = series[0].text.split("\n\n")[0]
+    assert all(p.text.startswith(instruction) for p in series)
+    assert len({p.text for p in series}) == 10
+    dev = {row["turns"][0] for row in load_prompts()}
+    assert not dev & {p.text for p in series}
+
+
+@pytest.mark.default_model
+def test_bench_repeated_task_keeps_a_memory_per_method(tmp_path, loaded):
+    from specdec_kernels import cli
+
+    out = tmp_path / "bench"
+    assert cli.main(["bench", "--workload", "repeated-task", "--series-length", "3",
+                     "--max-new-tokens", "12", "--methods",
+                     "hf-generate,ours-autoregressive,ours-suffix", "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    assert result["config"]["workload"] == "repeated-task"
+    runs = sorted((m for m in result["measurements"] if m["method"] == "ours-suffix"),
+                  key=lambda m: m["question_ids"])
+    # The memory starts empty (the warm-up forgotten) and holds the earlier outputs.
+    held = [m["drafter_report"]["memory"]["documents"] for m in runs]
+    assert held == [0, 1, 2]  # reported before the run adds its own output
+    assert all(m["identical"] for m in result["measurements"])
+    text = (out / "results.md").read_text()
+    assert "τ by position in the series" in text and "series_2nd_half" in text

@@ -95,9 +95,9 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--successors", type=int,
                    help="token-recycling: top-k successors kept per vocabulary token (8)")
     g.add_argument("--min-match", type=int,
-                   help="suffix: no drafts from earlier matches shorter than this (2)")
+                   help="suffix: no drafts from earlier matches shorter than this (1)")
     g.add_argument("--depth-per-match", type=float,
-                   help="suffix: a match of m tokens drafts at most this times m deep (2.0)")
+                   help="suffix: a match of m tokens drafts at most this times m deep (3.0)")
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "

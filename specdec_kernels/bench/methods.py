@@ -177,17 +177,28 @@ def _until_eos(tokens: list, eos: set) -> list:
 
 
 class OursMethod:
-    """:func:`specdec_kernels.generate` with one drafter (or none)."""
+    """:func:`specdec_kernels.generate` with one drafter (or none).
+
+    ``memory``: a :class:`~specdec_kernels.decoding.SuffixMemory` the method's drafters share
+    from run to run (the repeated-task workload), emptied by :meth:`reset`.
+    """
 
     kind = "ours"
 
-    def __init__(self, name: str, model, tokenizer, make_drafter, **generate_kwargs):
+    def __init__(self, name: str, model, tokenizer, make_drafter, *, memory=None,
+                 **generate_kwargs):
         self.name = name
         self.model = model
         self.tokenizer = tokenizer
         self.make_drafter = make_drafter  # a fresh drafter per run: drafters keep state
+        self.memory = memory
         self.generate_kwargs = generate_kwargs
         self.settings: dict = {}
+
+    def reset(self) -> None:
+        """Forget what earlier runs left in the memory (if any)."""
+        if self.memory is not None:
+            self.memory.clear()
 
     def run(self, prompts: list, max_new_tokens: int, sampling: Sampling) -> RunRecord:
         """Generate for a batch of prompts (token id lists)."""
@@ -301,6 +312,7 @@ def build_methods(
     cpu_kernels: bool | None = None,
     medusa_heads=None,
     medusa_cost_curve=None,
+    memory_tokens: int | None = None,
 ) -> dict:
     """The requested methods, ready to run.
 
@@ -330,6 +342,10 @@ def build_methods(
     medusa_cost_curve : str, optional
         The step-cost JSON their trees are derived from (see
         :class:`~specdec_kernels.decoding.cost.StepCost`).
+    memory_tokens : int, optional
+        Give ``ours-suffix`` and ``ours-multi`` (its suffix prophet) a
+        :class:`~specdec_kernels.decoding.SuffixMemory` of this many tokens, one per method,
+        kept from run to run (the repeated-task workload); none by default.
 
     Raises
     ------
@@ -345,8 +361,9 @@ def build_methods(
         MedusaDrafter,
         PromptLookupDrafter,
         SelfSpeculativeDrafter,
+        SuffixMemory,
     )
-    from specdec_kernels.decoding.api import make_drafter
+    from specdec_kernels.decoding.api import DEFAULT_PROPHETS, make_drafter
     from specdec_kernels.decoding.draft_model import check_same_vocabulary
     from specdec_kernels.decoding.self_speculative import DEFAULT_LAYERS_SKIPPED
 
@@ -367,12 +384,22 @@ def build_methods(
     depth = model.config.num_hidden_layers
     layers = exit_layer or max(1, depth - DEFAULT_LAYERS_SKIPPED)
 
-    def ours(name, make_drafter):
-        return OursMethod(name, model, tokenizer, make_drafter, cpu_kernels=cpu_kernels)
+    def ours(name, make_drafter, memory=None):
+        return OursMethod(name, model, tokenizer, make_drafter, memory=memory,
+                          cpu_kernels=cpu_kernels)
 
+    def memory():
+        return None if memory_tokens is None else SuffixMemory(memory_tokens)
+
+    suffix_memory, multi_memory = memory(), memory()
     # The merged prophets take the Medusa heads loaded once above and the same cost curve.
     multi_options = {"heads": medusa_heads, "cost_curve": medusa_cost_curve,
                      **options.get("multi", {})}
+    prophets = multi_options.get("prophets", DEFAULT_PROPHETS)
+    if isinstance(prophets, str):
+        prophets = [p.strip() for p in prophets.split(",")]
+    if multi_memory is not None and "suffix" in prophets:
+        multi_options["memory"] = multi_memory
 
     factories = {
         "hf-generate": lambda: HFMethod("hf-generate", model, tokenizer),
@@ -414,9 +441,13 @@ def build_methods(
             lambda: make_drafter("token-recycling", **options.get("token-recycling", {})),
         ),
         "ours-suffix": lambda: ours(
-            "ours-suffix", lambda: make_drafter("suffix", **options.get("suffix", {}))
+            "ours-suffix",
+            lambda: make_drafter("suffix", memory=suffix_memory, **options.get("suffix", {})),
+            suffix_memory,
         ),
-        "ours-multi": lambda: ours("ours-multi", lambda: make_drafter("multi", **multi_options)),
+        "ours-multi": lambda: ours(
+            "ours-multi", lambda: make_drafter("multi", **multi_options), multi_memory
+        ),
         "ours-draft-model": lambda: ours(
             "ours-draft-model",
             lambda: DraftModelDrafter(

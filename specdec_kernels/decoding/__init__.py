@@ -5,9 +5,9 @@ by every method; methods differ only in the drafter.
 - Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
   :class:`PromptLookupDrafter`, :class:`LookaheadDrafter`, :class:`JacobiDrafter`,
   :class:`MedusaDrafter`, :class:`BlockwiseDrafter`, :class:`RetrievalDrafter`,
-  :class:`QuantizedSelfDrafter`, :class:`TokenRecyclingDrafter`, :class:`SuffixDrafter` (with an
-  opt-in :class:`SuffixMemory` of earlier outputs), :class:`MultiDrafter` (several merged into one cost-budgeted
-  tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
+  :class:`QuantizedSelfDrafter`, :class:`TokenRecyclingDrafter`, :class:`SuffixDrafter` (with
+  an opt-in :class:`SuffixMemory` of earlier outputs), :class:`MultiDrafter` (several merged
+  into one cost-budgeted tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
   drafter can get from the step is documented in :mod:`~specdec_kernels.decoding.drafter`).
 - :class:`Engine`, :class:`ModelRunner`, :class:`KVCache`: the parts, for harnesses.
 """

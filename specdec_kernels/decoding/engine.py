@@ -358,9 +358,10 @@ class Engine:
         if parents is None:
             rows = torch.arange(width, device=block.device).expand(block.shape[0], width)
             valid = rows <= proposal.num_draft[:, None]
+            tree = torch.where(valid, rows - 1, -2)
         else:
             rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
-            valid = parents != -2
+            valid, tree = parents != -2, parents
         used = valid.sum(1)
         if extra is not None:
             used = used + (extra.positions >= 0).sum(1)
@@ -382,7 +383,7 @@ class Engine:
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
         seen = dict(
             logits=logits, tree_width=width,
-            tokens=torch.where(valid, block[:, :width], -1),
+            tokens=torch.where(valid, block[:, :width], -1), parents=tree,
             accepted_rows=torch.where(keep, rows, -1),
         )
         return accepted, emitted, seen

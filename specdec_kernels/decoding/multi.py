@@ -283,7 +283,8 @@ class MultiDrafter(Drafter):
         Most drafted nodes per request and step.
     priors : dict, optional
         ``{prophet name: P(first draft accepted)}`` before any evidence (see
-        :class:`~specdec_kernels.decoding.budget.AcceptanceStats`).
+        :class:`~specdec_kernels.decoding.budget.AcceptanceStats`); by default each prophet's
+        :attr:`~specdec_kernels.decoding.drafter.Drafter.first_draft_prior` where it has one.
 
     Raises
     ------
@@ -309,7 +310,9 @@ class MultiDrafter(Drafter):
         self.names = _unique_names([d.name for d in drafters])
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
-        self.priors = dict(priors or {})
+        own = {n: d.first_draft_prior for n, d in zip(self.names, drafters)
+               if d.first_draft_prior is not None}
+        self.priors = {**own, **(priors or {})}
         self.budget: TreeBudget | None = None
         self.stats = AcceptanceStats(priors=self.priors)
         self._candidates: list = []

@@ -115,6 +115,13 @@ class SuffixMemory:
                 "documents": self.num_documents}
 
 
+#: P(the first draft after a match holds) by the match's length class, before a request has
+#: evidence of its own: measured with the default model on generic requests and on requests
+#: built around its answers (summaries, translations, passages: never the benchmark prompts),
+#: see bench/RESULTS.md. A long match is a passage being copied.
+MATCH_PRIORS = {"1": 0.22, "2": 0.55, "3-4": 0.6, "5-8": 0.85, "9-16": 0.95, "17+": 0.95}
+
+
 def match_class(length: int) -> str:
     """Bucket of a match length for the statistics: ``"1"``, ``"2"``, ``"3-4"``, ``"5-8"``,
     ``"9-16"`` or ``"17+"``."""
@@ -159,7 +166,7 @@ class SuffixDrafter(Drafter):
     name = "suffix"
 
     def __init__(self, *, memory: SuffixMemory | None = None, max_depth: int = 16,
-                 depth_per_match: float = 2.0, min_match: int = 2, max_nodes: int = 16,
+                 depth_per_match: float = 3.0, min_match: int = 1, max_nodes: int = 16,
                  max_branches: int = 3, cost_curve=None, budget: bool = True):
         if min(max_depth, min_match, max_nodes, max_branches) < 1:
             raise ValueError(
@@ -200,7 +207,9 @@ class SuffixDrafter(Drafter):
     def start(self, state: DecodeState) -> None:
         self._requests = [_Request(ctx, self.memory) for ctx in state.contexts]
         self._outputs = [(ctx, len(ctx)) for ctx in state.contexts]  # filled in by the engine
-        self._stats = [AcceptanceStats() for _ in state.contexts]
+        priors = {f"{self.name}:{source}{match}": p for match, p in MATCH_PRIORS.items()
+                  for source in ("context", "memory")}
+        self._stats = [AcceptanceStats(priors=priors) for _ in state.contexts]
         self._judge = OutcomeJudge(state.batch)
         self._counts = {"steps": 0, "context_matches": 0, "memory_matches": 0,
                         "accepted_from_context": 0, "accepted_from_memory": 0}

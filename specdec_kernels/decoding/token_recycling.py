@@ -1,35 +1,43 @@
 """Token recycling (Luo et al., 2024): every verification forward ranks, at every row of the
 block, the whole vocabulary as the next token, and verification uses one token of it. The
-rest is kept: per request, a successor table holds for every vocabulary token the top-``k``
-tokens the target last ranked after it, and the next draft is a tree walked through the table
-from the pending token. No model runs for drafting and nothing is trained.
+rest is kept: per request, a successor table holds the top-``k`` tokens the target last
+ranked after each token, and the next draft is a tree walked through the table from the
+pending token. No model runs for drafting and nothing is trained.
 
 The successor table
 -------------------
-``[V + 1, k]`` int32 per request, on the model's device (row ``V`` takes the writes that are
-thrown away). After each step the top-``k`` of every verified row's logits
-(:attr:`~specdec_kernels.decoding.drafter.StepOutcome.logits`, from the step's own forward:
-no extra forward and no device read) replace the row of the token that block row held,
-rejected branches included: what the target expected after a token in a context that was
-not taken is still a good guess for the next time that token comes. Where one token held
-several rows, the accepted path's (the real context) wins, then the later row. A request's
-table starts from its prompt: the tokens that followed each prompt token there, most recent
-first, then the prompt's most frequent tokens (also the whole row of tokens the prompt lacks).
+Per request, on the model's device: rows keyed by one token (``[V + 1, k]`` int32, as in the
+paper) and rows keyed by the last two tokens (a hashed table of :data:`PAIR_SLOTS` rows, each
+with its key; a collision overwrites, which costs drafts, never correctness). A node's
+successors come from the row of its last two tokens when that row exists, else from the row
+of its last token: the pair row tells apart the contexts a token appears in (measured on
+requests that copy from their input, it lifts τ by about a tenth, see bench/RESULTS.md).
 
-Per request, not shared across the batch: a shared table would make a request's drafts, and
-so its sampled output, depend on the other requests (measured in bench/RESULTS.md: sharing
-the table across requests one after another, the paper's warm start, does not pay for that).
+After each step the top-``k`` of every verified row's logits
+(:attr:`~specdec_kernels.decoding.drafter.StepOutcome.logits`, from the step's own forward:
+no extra forward and no device read) replace the rows of the token that block row held and of
+the pair it ended, rejected branches included: what the target expected after a token in a
+context that was not taken is still a good guess for the next time. Where several rows write
+one row, the accepted path's (the real context) wins, then the later row. A request's tables
+start from its prompt: the tokens that followed each prompt token (and pair) there, most
+recent first, then the prompt's most frequent tokens (also the whole row of tokens the prompt
+lacks).
+
+Per request, not shared: a table shared by a batch would make a request's drafts, and so its
+sampled output, depend on the other requests; one kept from request to request (the paper's
+warm start) mixes one request's text into another's drafts, and measured no better here than
+a table started from the request's own prompt (bench/RESULTS.md).
 
 Drafting
 --------
-The tree is a template of rank paths: node ``(r1, .., rd)`` holds
-``table[table[..table[pending][r1]..]][rd]``, gathered level by level on the device. Each
-request's template is the cost model's choice
-(:func:`~specdec_kernels.decoding.medusa.choose_tree`: the rank-path tree that maximises
-expected tokens per unit of the step cost ``c(T)``), scored by that request's own running
-acceptance by depth and rank (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`): the
-tree grows as its drafts hold and shrinks when they fail, sized as if the request ran alone so
-that the batch never changes it.
+The tree is a template of rank paths: node ``(r1, .., rd)`` holds the ``rd``-th successor of
+its parent node's token, gathered level by level on the device. Each request's template is the
+cost model's choice (:func:`~specdec_kernels.decoding.medusa.choose_tree`: the rank-path tree
+that maximises expected tokens per unit of the step cost ``c(T)``), scored by that request's
+own running acceptance by depth and rank
+(:class:`~specdec_kernels.decoding.budget.AcceptanceStats`, starting from
+:data:`RANK_PRIORS`): the tree grows as its drafts hold and shrinks when they fail, sized as if
+the request ran alone so that the batch never changes it.
 
 Drafts are one-hot (``probs=None``): sampling goes through the lossless tree rule
 (:func:`~specdec_kernels.ops.verify_tree`), greedy decoding gives the target's own output.
@@ -48,61 +56,98 @@ from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, 
 from specdec_kernels.decoding.medusa import choose_tree
 from specdec_kernels.decoding.multi import CandidateTree, OutcomeJudge
 
-__all__ = ["FIRST_DRAFT_PRIOR", "SuccessorTable", "TokenRecyclingDrafter"]
+__all__ = ["PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable", "TokenRecyclingDrafter",
+           "prompt_successors"]
 
-#: P(the top successor of the pending token is the next token) before a request has
-#: evidence of its own; measured on the default model (generic requests, not the benchmark
-#: prompts; see bench/RESULTS.md). Deeper and lower-ranked nodes start lower
-#: (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`), and a few steps of evidence
-#: replace it.
-FIRST_DRAFT_PRIOR = 0.45
+#: P(node accepted | parent accepted) by depth (rows: 1, 2, 3, 4+) and rank (columns: 0, 1,
+#: 2, 3+) before a request has evidence of its own: measured with the default model on
+#: generic requests and on requests built around its answers (never the benchmark prompts;
+#: bench/RESULTS.md). Once a draft holds, the next one usually does too.
+RANK_PRIORS = (
+    (0.26, 0.05, 0.05, 0.02),
+    (0.69, 0.11, 0.05, 0.03),
+    (0.78, 0.09, 0.02, 0.01),
+    (0.83, 0.08, 0.01, 0.01),
+)
+
+#: Rows of a request's pair table: a request meets a few thousand pairs (prompt, output, tree
+#: nodes), which fit with few collisions.
+PAIR_SLOTS = 1 << 14
+
+_MIX_BEFORE, _MIX_TOKEN = 0x9E3779, 0x85EBCB  # odd multipliers of the pair hash
 
 
 class SuccessorTable:
-    """Per request, every vocabulary token's latest top-``k`` successors, on the device.
+    """Per request, the latest top-``k`` successors of every token and of every pair of
+    tokens met, on the device (see the module notes).
 
     Parameters
     ----------
     vocab_size : int
         ``V``; token ids are in ``[0, V)``.
     k : int
-        Successors kept per token.
+        Successors kept per row.
     device : torch.device
+    pair_slots : int
+        Rows of the pair table (a power of two).
     """
 
-    def __init__(self, vocab_size: int, k: int, device):
-        self.vocab_size, self.k, self.device = vocab_size, k, torch.device(device)
-        self.table = torch.zeros(0, vocab_size + 1, k, dtype=torch.int32, device=self.device)
+    def __init__(self, vocab_size: int, k: int, device, pair_slots: int = PAIR_SLOTS):
+        if pair_slots & (pair_slots - 1):
+            raise ValueError(f"pair_slots must be a power of two, got {pair_slots}")
+        self.vocab_size, self.k, self.slots = vocab_size, k, pair_slots
+        self.device = torch.device(device)
+        self.single = self.pair = self.pair_keys = None
+        self.start([])
 
     @property
     def batch(self) -> int:
-        return self.table.shape[0]
+        return self.single.shape[0]
+
+    def _pair(self, before: Tensor, token: Tensor) -> tuple:
+        """``(key, slot)`` of pairs (``before``, ``token``); invalid pairs (an id below 0)
+        get key ``-1`` and the spare slot ``pair_slots``."""
+        valid = (before >= 0) & (token >= 0)
+        key = torch.where(valid, before * self.vocab_size + token, -1)
+        mixed = torch.bitwise_xor(before * _MIX_BEFORE, token * _MIX_TOKEN) & (self.slots - 1)
+        return key, torch.where(valid, mixed, self.slots)
 
     def start(self, prompts: list) -> None:
         """One table per prompt, filled from the prompt (see the module notes)."""
-        self.table = torch.empty(
-            len(prompts), self.vocab_size + 1, self.k, dtype=torch.int32, device=self.device
-        )
+        batch, k, device = len(prompts), self.k, self.device
+        self.single = torch.empty(batch, self.vocab_size + 1, k, dtype=torch.int32, device=device)
+        self.pair = torch.zeros(batch, self.slots + 1, k, dtype=torch.int32, device=device)
+        self.pair_keys = torch.full((batch, self.slots + 1), -1, dtype=torch.int64, device=device)
         for b, prompt in enumerate(prompts):
-            fallback, rows = prompt_successors(prompt, self.k, self.vocab_size)
-            self.table[b] = torch.tensor(fallback, dtype=torch.int32).to(self.device)
-            if rows:
-                index = torch.tensor(list(rows), dtype=torch.int64).to(self.device)
-                values = torch.tensor(list(rows.values()), dtype=torch.int32)
-                self.table[b, index] = values.to(self.device)
+            fallback, singles, pairs = prompt_successors(prompt, k, self.vocab_size)
+            self.single[b] = torch.tensor(fallback, dtype=torch.int32).to(device)
+            if singles:
+                self.single[b, _ids([t for (t,) in singles], device)] = _rows(singles, device)
+            if pairs:  # pairs in order of their last occurrence: the latest wins a collision
+                before, token = (_ids(column, device) for column in zip(*pairs))
+                key, slot = self._pair(before, token)
+                last = _last_of_each(slot)
+                self.pair_keys[b, slot[last]] = key[last]
+                self.pair[b, slot[last]] = _rows(pairs, device)[last]
 
-    def update(self, tokens: Tensor, logits: Tensor, accepted_rows: Tensor | None) -> None:
-        """Write the top-``k`` of every row's logits to the row of the token it held.
+    def update(self, tokens: Tensor, parents: Tensor, logits: Tensor,
+               accepted_rows: Tensor | None, roots_before: Tensor) -> None:
+        """Write the top-``k`` of every row's logits to the rows of the token it held and of
+        the pair it ended.
 
         Parameters
         ----------
         tokens : Tensor
             ``[B, T]`` int64 token of each block row (``-1``: unused row, skipped).
+        parents : Tensor
+            ``[B, T]`` int64 parent row of each block row (``-1`` the root).
         logits : Tensor
             ``[B, >= T, V]`` the target's logits (row ``j`` predicts the token after row ``j``).
         accepted_rows : Tensor, optional
-            ``[B, W]`` int64 rows of the accepted path (``-1`` padding): among rows holding the
-            same token these win, then the later row.
+            ``[B, W]`` int64 rows of the accepted path (``-1`` padding): among rows writing the
+            same row these win, then the later row.
+        roots_before : Tensor
+            ``[B]`` int64 the token before each root (``-1``: none).
         """
         batch, width = tokens.shape
         top = logits[:, :width].topk(self.k, dim=-1).indices.to(torch.int32)
@@ -112,19 +157,24 @@ class SuccessorTable:
                 1, accepted_rows.clamp(min=0), (accepted_rows >= 0).to(tokens.dtype)
             )
             order = order + width * (hits > 0)
-        same = tokens[:, :, None] == tokens[:, None, :]
-        beaten = (same & (order[:, None, :] > order[:, :, None])).any(2)
-        rows = torch.where((tokens >= 0) & ~beaten, tokens, self.vocab_size)
+        before = torch.where(parents >= 0, tokens.gather(1, parents.clamp(min=0)),
+                             roots_before[:, None].expand(batch, width))
         batch_index = torch.arange(batch, device=tokens.device)[:, None]
-        self.table[batch_index, rows] = top
+        single = _winners(tokens, tokens >= 0, order, self.vocab_size)
+        self.single[batch_index, single] = top
+        key, slot = self._pair(before, tokens)
+        slot = _winners(slot, key >= 0, order, self.slots)
+        self.pair_keys[batch_index, slot] = key
+        self.pair[batch_index, slot] = top
 
-    def walk(self, roots: Tensor, parents: Tensor, ranks: Tensor, depths: Tensor) -> Tensor:
+    def walk(self, roots: Tensor, roots_before: Tensor, parents: Tensor, ranks: Tensor,
+             depths: Tensor) -> Tensor:
         """Tokens of a rank-path tree per request, level by level on the device.
 
         Parameters
         ----------
-        roots : Tensor
-            ``[B]`` int64 pending tokens.
+        roots, roots_before : Tensor
+            ``[B]`` int64 pending tokens and the tokens before them (``-1``: none).
         parents, ranks, depths : Tensor
             ``[B, T]`` int64 per node (node 0 the root; padding nodes have depth ``-1``).
 
@@ -135,35 +185,84 @@ class SuccessorTable:
         """
         batch, width = parents.shape
         tokens = roots[:, None].expand(batch, width).contiguous()
+        before = roots_before[:, None].expand(batch, width).contiguous()
         batch_index = torch.arange(batch, device=roots.device)[:, None]
+        up, rank = parents.clamp(min=0), ranks.clamp(min=0)
         for depth in range(1, int(depths.max()) + 1):
-            above = tokens.gather(1, parents.clamp(min=0))
-            guess = self.table[batch_index, above, ranks.clamp(min=0)].to(torch.int64)
-            tokens = torch.where(depths == depth, guess, tokens)
+            last, second = tokens.gather(1, up), before.gather(1, up)
+            guess = self.single[batch_index, last, rank]
+            key, slot = self._pair(second, last)
+            known = (key >= 0) & (self.pair_keys[batch_index, slot] == key)
+            guess = torch.where(known, self.pair[batch_index, slot, rank], guess)
+            here = depths == depth
+            tokens = torch.where(here, guess.to(torch.int64), tokens)
+            before = torch.where(here, last, before)
         return tokens
 
     def select(self, keep: list) -> None:
         index = torch.tensor(keep, dtype=torch.int64, device=self.device)
-        self.table = self.table.index_select(0, index)
+        self.single = self.single.index_select(0, index)
+        self.pair = self.pair.index_select(0, index)
+        self.pair_keys = self.pair_keys.index_select(0, index)
+
+
+def _ids(values, device) -> Tensor:
+    return torch.tensor(list(values), dtype=torch.int64).to(device)
+
+
+def _rows(rows: dict, device) -> Tensor:
+    return torch.tensor(list(rows.values()), dtype=torch.int32).to(device)
+
+
+def _last_of_each(slot: Tensor) -> Tensor:
+    """Indices of the last occurrence of each distinct value of ``slot`` (1-D)."""
+    later = (slot[:, None] == slot[None, :]).triu(1).any(1)
+    return (~later).nonzero().squeeze(1)
+
+
+def _winners(rows: Tensor, valid: Tensor, order: Tensor, spare: int) -> Tensor:
+    """``rows`` where the entry is valid and no valid entry of higher ``order`` in the same
+    request has the same row; ``spare`` (a row never read) elsewhere."""
+    same = (rows[:, :, None] == rows[:, None, :]) & valid[:, None, :]
+    beaten = (same & (order[:, None, :] > order[:, :, None])).any(2)
+    return torch.where(valid & ~beaten, rows, spare)
 
 
 def prompt_successors(prompt: list, k: int, vocab_size: int) -> tuple:
-    """A request's starting rows: ``(fallback, rows)`` where ``fallback`` is the prompt's
-    ``k`` most frequent tokens (padded with the smallest other ids) and ``rows[v]`` the
-    distinct tokens that followed ``v`` in the prompt, most recent first, completed with the
-    fallback (``k`` distinct ids each)."""
+    """A request's starting rows from its prompt.
+
+    Returns
+    -------
+    fallback : list of int
+        The prompt's ``k`` most frequent tokens (then the smallest other ids).
+    singles : dict
+        ``{(v,): successors}``: the distinct tokens that followed ``v`` in the prompt, most
+        recent first, completed with ``fallback`` (``k`` distinct ids each).
+    pairs : dict
+        ``{(u, v): successors}`` the same after the pair ``u, v``, completed with the row of
+        ``v``; in order of each pair's last occurrence.
+    """
     frequent = [t for t, _ in Counter(prompt).most_common(k)]
     fill = iter(t for t in range(vocab_size) if t not in frequent)
     fallback = frequent + [next(fill) for _ in range(k - len(frequent))]
+    singles = _followers(prompt, 1, k, lambda key: fallback)
+    pairs = _followers(prompt, 2, k, lambda key: singles.get(key[1:], fallback))
+    return fallback, singles, pairs
+
+
+def _followers(prompt: list, order: int, k: int, complete) -> dict:
+    """``{context: k distinct successors}`` of every ``order``-token context of the prompt,
+    most recent first, completed by ``complete(context)``; contexts by last occurrence."""
     after: dict = {}
-    for i in range(len(prompt) - 1, 0, -1):
-        seen = after.setdefault(prompt[i - 1], [])
+    for i in range(len(prompt) - 1, order - 1, -1):
+        seen = after.setdefault(tuple(prompt[i - order : i]), [])
         if len(seen) < k and prompt[i] not in seen:
             seen.append(prompt[i])
     rows = {}
-    for token, seen in after.items():
-        rows[token] = (seen + [t for t in fallback if t not in seen])[:k]
-    return fallback, rows
+    for context in reversed(list(after)):  # after holds contexts latest first
+        seen = after[context]
+        rows[context] = (seen + [t for t in complete(context) if t not in seen])[:k]
+    return rows
 
 
 class TokenRecyclingDrafter(Drafter):
@@ -191,6 +290,7 @@ class TokenRecyclingDrafter(Drafter):
     """
 
     name = "token-recycling"
+    first_draft_prior = RANK_PRIORS[0][0]  # its depth is the budget's choice, not confidence
 
     def __init__(self, *, successors: int = 8, max_nodes: int = 32, max_depth: int = 8,
                  cost_curve=None, budget: bool = True):
@@ -233,8 +333,7 @@ class TokenRecyclingDrafter(Drafter):
         self._nodes_drafted = self._steps = 0
 
     def _new_stats(self) -> AcceptanceStats:
-        return AcceptanceStats(priors={self.name: FIRST_DRAFT_PRIOR}, max_depth=self.max_depth,
-                               max_rank=self.k - 1)
+        return _RankPriorStats(max_depth=self.max_depth, max_rank=self.k - 1)
 
     def template(self, stats: AcceptanceStats, remaining: int):
         """A request's rank-path tree (:class:`~specdec_kernels.decoding.medusa.TreeChoice`)
@@ -250,10 +349,13 @@ class TokenRecyclingDrafter(Drafter):
         parents = [t.parents + [-2] * (width - t.size) for t in trees]
         ranks = [[0] + t.ranks + [0] * (width - t.size) for t in trees]
         depths = [[0] + t.depths + [-1] * (width - t.size) for t in trees]
-        device = state.pending.device
-        as_device = lambda rows: torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)  # noqa: E731
-        parents_t = as_device(parents)
-        tokens = self.table.walk(state.pending, parents_t, as_device(ranks), as_device(depths))
+        parents_t, ranks_t, depths_t = (
+            torch.tensor(rows, dtype=torch.int64).to(state.pending.device, non_blocking=True)
+            for rows in (parents, ranks, depths)
+        )
+        before = _tokens_before(state.contexts, [len(c) - 1 for c in state.contexts],
+                                state.pending.device)
+        tokens = self.table.walk(state.pending, before, parents_t, ranks_t, depths_t)
         self._proposal = (tokens, parents, ranks)
         self._nodes_drafted += sum(t.size - 1 for t in trees)
         self._steps += 1
@@ -261,7 +363,10 @@ class TokenRecyclingDrafter(Drafter):
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
         if outcome.logits is not None and outcome.tokens is not None:
-            self.table.update(outcome.tokens, outcome.logits, outcome.accepted_rows)
+            before = _tokens_before(state.contexts, outcome.previous_starts,
+                                    outcome.tokens.device)
+            self.table.update(outcome.tokens, outcome.parents, outcome.logits,
+                              outcome.accepted_rows, before)
         tokens, parents, ranks = self._proposal
         host = tokens.tolist()  # computed before the step's sync: a copy, no wait
         candidates = [self._trie(*rows) for rows in zip(host, parents, ranks)]
@@ -284,6 +389,21 @@ class TokenRecyclingDrafter(Drafter):
 
     def report(self) -> dict:
         return {"mean_nodes_drafted": round(self._nodes_drafted / max(self._steps, 1), 2)}
+
+
+def _tokens_before(contexts: list, roots: list, device) -> Tensor:
+    """``[B]`` the token before each request's root (its context position ``roots[b]``;
+    ``-1`` at the start of the context), on the device."""
+    before = [ctx[at - 1] if at >= 1 else -1 for ctx, at in zip(contexts, roots)]
+    return torch.tensor(before, dtype=torch.int64).to(device, non_blocking=True)
+
+
+class _RankPriorStats(AcceptanceStats):
+    """Running acceptance that starts from :data:`RANK_PRIORS`."""
+
+    def prior(self, prophet: str, depth: int, rank: int) -> float:
+        row = RANK_PRIORS[min(max(depth, 1), len(RANK_PRIORS)) - 1]
+        return row[min(max(rank, 0), len(row) - 1)]
 
 
 class _Flat:
