@@ -232,7 +232,7 @@ def test_successor_table_update_and_walk_match_python(seed, slots):
     ranks = torch.tensor([[0, 0, 2, 1, 0, 1, 0], [0, 1, 2, 0, 0, 0, 0]])
     depths = torch.tensor([[0, 1, 1, 2, 3, 2, -1], [0, 1, 2, 3, -1, -1, -1]])
     roots, before = torch.tensor([2, 7]), torch.tensor([3, -1])
-    walked = table.walk(roots, before, tree, ranks, depths).tolist()
+    walked = table.walk(roots, before, tree, ranks, depths, 3).tolist()
     for b in range(batch):
         assert walked[b] == mirror[b].walk(int(roots[b]), int(before[b]), tree[b].tolist(),
                                            ranks[b].tolist())

@@ -27,6 +27,7 @@ run, so requests of one batch never see each other's text.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import OrderedDict
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
@@ -117,9 +118,10 @@ class SuffixMemory:
 
 #: P(the first draft after a match holds) by the match's length class, before a request has
 #: evidence of its own: measured with the default model on generic requests and on requests
-#: built around its answers (summaries, translations, passages: never the benchmark prompts),
-#: see bench/RESULTS.md. A long match is a passage being copied.
-MATCH_PRIORS = {"1": 0.22, "2": 0.55, "3-4": 0.6, "5-8": 0.85, "9-16": 0.95, "17+": 0.95}
+#: built around its answers (summaries, translations, passages: never the benchmark prompts;
+#: ``python3 -m bench.prophet_tuning``, see bench/RESULTS.md), capped at 0.95. A long match
+#: is a passage being copied.
+MATCH_PRIORS = {"1": 0.22, "2": 0.57, "3-4": 0.58, "5-8": 0.79, "9-16": 0.95, "17+": 0.95}
 
 
 def match_class(length: int) -> str:
@@ -188,6 +190,7 @@ class SuffixDrafter(Drafter):
         self._stats: list = []
         self._judge = OutcomeJudge(0)
         self._counts: dict = {}
+        self._outputs: list = []
 
     def bind(self, runner, tokenizer) -> None:
         self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
@@ -215,8 +218,10 @@ class SuffixDrafter(Drafter):
                         "accepted_from_context": 0, "accepted_from_memory": 0}
 
     def _depth(self, match: int, remaining: int) -> int:
-        depth = min(self.max_depth, -int(-self.depth_per_match * match // 1))
-        return max(min(depth, remaining - 1), 0) if match >= self.min_match else 0
+        """How deep a match of ``match`` tokens drafts (0: no drafts)."""
+        if match < self.min_match:
+            return 0
+        return max(min(self.max_depth, math.ceil(self.depth_per_match * match), remaining - 1), 0)
 
     def candidates(self, state: DecodeState) -> list:
         """Per request, the trie of the likeliest continuations (before the budget)."""
@@ -270,8 +275,7 @@ class SuffixDrafter(Drafter):
                     self._counts[f"accepted_from_{source}"] += 1
                 if node in request.memory_nodes:
                     self.memory.touch(request.memory_nodes[node])
-        if self.use_budget:
-            self._judge.add(state, outcome, self._candidates, self._stats)
+        self._judge.add(state, outcome, self._candidates, self._stats)
 
     def select_requests(self, keep: list) -> None:
         self._requests = [self._requests[b] for b in keep]
@@ -300,7 +304,8 @@ class _Request:
         self.memory = memory
         self.matcher = Matcher(memory.automaton) if memory is not None else None
         self.seen = 0
-        self.memory_nodes: dict = {}
+        self.memory_nodes: dict = {}  # trie node -> its position in the memory
+        self.probs: dict = {}  # trie node -> path probability by frequency
         self.extend(context)
 
     def extend(self, context: list) -> None:

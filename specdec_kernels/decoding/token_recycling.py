@@ -61,13 +61,15 @@ __all__ = ["PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable", "TokenRecyclingDrafter
 
 #: P(node accepted | parent accepted) by depth (rows: 1, 2, 3, 4+) and rank (columns: 0, 1,
 #: 2, 3+) before a request has evidence of its own: measured with the default model on
-#: generic requests and on requests built around its answers (never the benchmark prompts;
-#: bench/RESULTS.md). Once a draft holds, the next one usually does too.
+#: generic requests and on requests built around its answers, never the benchmark prompts
+#: (``python3 -m bench.prophet_tuning``, see bench/RESULTS.md: the nodes the drafter proposes
+#: with its defaults; where those are too few, all candidate nodes; 0.01 where none held).
+#: Once a draft holds, the next one usually does too.
 RANK_PRIORS = (
-    (0.26, 0.05, 0.05, 0.02),
-    (0.69, 0.11, 0.05, 0.03),
-    (0.78, 0.09, 0.02, 0.01),
-    (0.83, 0.08, 0.01, 0.01),
+    (0.25, 0.077, 0.057, 0.026),
+    (0.69, 0.18, 0.032, 0.029),
+    (0.75, 0.073, 0.01, 0.01),
+    (0.86, 0.097, 0.01, 0.01),
 )
 
 #: Rows of a request's pair table: a request meets a few thousand pairs (prompt, output, tree
@@ -168,7 +170,7 @@ class SuccessorTable:
         self.pair[batch_index, slot] = top
 
     def walk(self, roots: Tensor, roots_before: Tensor, parents: Tensor, ranks: Tensor,
-             depths: Tensor) -> Tensor:
+             depths: Tensor, levels: int) -> Tensor:
         """Tokens of a rank-path tree per request, level by level on the device.
 
         Parameters
@@ -177,6 +179,8 @@ class SuccessorTable:
             ``[B]`` int64 pending tokens and the tokens before them (``-1``: none).
         parents, ranks, depths : Tensor
             ``[B, T]`` int64 per node (node 0 the root; padding nodes have depth ``-1``).
+        levels : int
+            The deepest node's depth (known on the host: no device read).
 
         Returns
         -------
@@ -188,7 +192,7 @@ class SuccessorTable:
         before = roots_before[:, None].expand(batch, width).contiguous()
         batch_index = torch.arange(batch, device=roots.device)[:, None]
         up, rank = parents.clamp(min=0), ranks.clamp(min=0)
-        for depth in range(1, int(depths.max()) + 1):
+        for depth in range(1, levels + 1):
             last, second = tokens.gather(1, up), before.gather(1, up)
             guess = self.single[batch_index, last, rank]
             key, slot = self._pair(second, last)
@@ -355,7 +359,8 @@ class TokenRecyclingDrafter(Drafter):
         )
         before = _tokens_before(state.contexts, [len(c) - 1 for c in state.contexts],
                                 state.pending.device)
-        tokens = self.table.walk(state.pending, before, parents_t, ranks_t, depths_t)
+        tokens = self.table.walk(state.pending, before, parents_t, ranks_t, depths_t,
+                                 max(t.depth for t in trees))
         self._proposal = (tokens, parents, ranks)
         self._nodes_drafted += sum(t.size - 1 for t in trees)
         self._steps += 1
