@@ -492,7 +492,8 @@ def test_cli_generate_runs_the_new_drafters(capsys, loaded, drafter, extra):
     (["bench", "--memory-tokens", "100"],
      "--series-length and --memory-tokens apply to --workload repeated-task only"),
     (["bench", "--workload", "repeated-task", "--categories", "qa"],
-     "--workload repeated-task makes its own series"),
+     "--prompt-file, --categories and --all-prompts choose dev prompts; --workload "
+     "repeated-task makes its own series"),
     (["bench", "--workload", "repeated-task", "--series-length", "1"],
      "the series needs at least 2 requests, got 1"),
 ])
