@@ -91,13 +91,14 @@ class SuccessorTable:
         Successors kept per row.
     device : torch.device
     pair_slots : int
-        Rows of the pair table (a power of two).
+        Rows of the pair table (a power of two; no more than the ``V * V`` pairs need).
     """
 
     def __init__(self, vocab_size: int, k: int, device, pair_slots: int = PAIR_SLOTS):
-        if pair_slots & (pair_slots - 1):
+        if pair_slots < 1 or pair_slots & (pair_slots - 1):
             raise ValueError(f"pair_slots must be a power of two, got {pair_slots}")
-        self.vocab_size, self.k, self.slots = vocab_size, k, pair_slots
+        pairs = 1 << max(vocab_size * vocab_size - 1, 1).bit_length()
+        self.vocab_size, self.k, self.slots = vocab_size, k, min(pair_slots, pairs)
         self.device = torch.device(device)
         self.single = self.pair = self.pair_keys = None
         self.start([])
