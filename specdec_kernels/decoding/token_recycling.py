@@ -24,9 +24,11 @@ recent first, then the prompt's most frequent tokens (also the whole row of toke
 lacks).
 
 Per request, not shared: a table shared by a batch would make a request's drafts, and so its
-sampled output, depend on the other requests; one kept from request to request (the paper's
-warm start) mixes one request's text into another's drafts, and measured no better here than
-a table started from the request's own prompt (bench/RESULTS.md).
+sampled output, depend on the other requests. One kept from request to request (the paper's
+warm start) measured about 8% more tokens per step on the tuning replay (bench/RESULTS.md),
+but it carries what one request generated into the drafts of the next: that is the suffix
+drafter's opt-in memory's trade (:class:`~specdec_kernels.decoding.suffix.SuffixMemory`), not
+taken here.
 
 Drafting
 --------
@@ -125,13 +127,15 @@ class SuccessorTable:
             fallback, singles, pairs = prompt_successors(prompt, k, self.vocab_size)
             self.single[b] = torch.tensor(fallback, dtype=torch.int32).to(device)
             if singles:
-                self.single[b, _ids([t for (t,) in singles], device)] = _rows(singles, device)
+                index = torch.tensor([t for (t,) in singles], dtype=torch.int64)
+                self.single[b, index.to(device)] = _rows(singles.values(), device)
             if pairs:  # pairs in order of their last occurrence: the latest wins a collision
-                before, token = (_ids(column, device) for column in zip(*pairs))
-                key, slot = self._pair(before, token)
-                last = _last_of_each(slot)
-                self.pair_keys[b, slot[last]] = key[last]
-                self.pair[b, slot[last]] = _rows(pairs, device)[last]
+                key, slot = self._pair(*torch.tensor(list(pairs), dtype=torch.int64).T)
+                latest = {s: i for i, s in enumerate(slot.tolist())}  # host tensors: no sync
+                kept = list(latest.values())
+                where = torch.tensor(list(latest), dtype=torch.int64).to(device)
+                self.pair_keys[b, where] = key[kept].to(device)
+                self.pair[b, where] = _rows([list(pairs.values())[i] for i in kept], device)
 
     def update(self, tokens: Tensor, parents: Tensor, logits: Tensor,
                accepted_rows: Tensor | None, roots_before: Tensor) -> None:
@@ -211,18 +215,8 @@ class SuccessorTable:
         self.pair_keys = self.pair_keys.index_select(0, index)
 
 
-def _ids(values, device) -> Tensor:
-    return torch.tensor(list(values), dtype=torch.int64).to(device)
-
-
-def _rows(rows: dict, device) -> Tensor:
-    return torch.tensor(list(rows.values()), dtype=torch.int32).to(device)
-
-
-def _last_of_each(slot: Tensor) -> Tensor:
-    """Indices of the last occurrence of each distinct value of ``slot`` (1-D)."""
-    later = (slot[:, None] == slot[None, :]).triu(1).any(1)
-    return (~later).nonzero().squeeze(1)
+def _rows(rows, device) -> Tensor:
+    return torch.tensor(list(rows), dtype=torch.int32).to(device)
 
 
 def _winners(rows: Tensor, valid: Tensor, order: Tensor, spare: int) -> Tensor:
