@@ -90,7 +90,7 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-suffix", type=int, help="retrieval: no drafts below this match length")
     g.add_argument("--max-matches", type=int, help="retrieval: occurrences read per lookup")
     g.add_argument("--prophets", help="multi: comma list of drafters to merge "
-                   "(default prompt-lookup,retrieval,medusa)")
+                   "(default prompt-lookup,suffix,token-recycling,retrieval,medusa)")
     g = parser.add_argument_group("token recycling and suffix (--max-nodes, --max-depth too)")
     g.add_argument("--successors", type=int,
                    help="token-recycling: top-k successors kept per vocabulary token (8)")

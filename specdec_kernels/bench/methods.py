@@ -263,7 +263,8 @@ METHOD_DESCRIPTIONS = {
     "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
     "ours-token-recycling": "ours, token recycling (the target's recent top-k per token, a tree)",
     "ours-suffix": "ours, suffix automaton of the context (and of earlier outputs, repeated task)",
-    "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
+    "ours-multi": "ours, prompt lookup + suffix + token recycling + retrieval + Medusa heads, "
+                  "merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
 }

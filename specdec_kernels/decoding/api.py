@@ -24,9 +24,11 @@ DRAFTER_NAMES = (
     "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix", "multi",
 )
 
-#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, retrieval from the
-#: shipped datastore, and the trained drafter that ships (the Medusa heads).
-DEFAULT_PROPHETS = ("prompt-lookup", "retrieval", "medusa")
+#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, the suffix
+#: automaton, token recycling, retrieval from the shipped datastore, and the trained drafter
+#: that ships (the Medusa heads). Chosen on tuning requests (bench/RESULTS.md): each of them
+#: raised the merged τ there.
+DEFAULT_PROPHETS = ("prompt-lookup", "suffix", "token-recycling", "retrieval", "medusa")
 
 
 @dataclass
