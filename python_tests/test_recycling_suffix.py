@@ -251,16 +251,27 @@ def test_prompt_successors_are_distinct_and_most_recent_first():
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="successors, max_nodes and max_depth must be >= 1"):
+    with pytest.raises(ValueError, match="successors must be >= 1, got 0"):
         TokenRecyclingDrafter(successors=0)
-    with pytest.raises(ValueError, match="max_depth, min_match, max_nodes and max_branches"):
+    with pytest.raises(ValueError, match="successors must be <= 64, got 65 .MAX_SUCCESSORS"):
+        TokenRecyclingDrafter(successors=65)
+    with pytest.raises(ValueError, match="max_nodes must be <= 255, got 300 .a verification"):
+        TokenRecyclingDrafter(max_nodes=300)
+    with pytest.raises(ValueError, match="max_depth must be an integer, got 2.5"):
+        TokenRecyclingDrafter(max_depth=2.5)
+    with pytest.raises(ValueError, match="min_match must be >= 1, got 0"):
         SuffixDrafter(min_match=0)
-    with pytest.raises(ValueError, match="depth_per_match must be > 0"):
-        SuffixDrafter(depth_per_match=0)
+    with pytest.raises(ValueError, match="max_branches must be <= 255"):
+        SuffixDrafter(max_branches=1000)
+    for bad in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="depth_per_match must be a number > 0"):
+            SuffixDrafter(depth_per_match=bad)
     with pytest.raises(ValueError, match="memory must be a SuffixMemory"):
         SuffixDrafter(memory=[1, 2, 3])
-    with pytest.raises(ValueError, match="max_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match="max_tokens must be >= 1, got 0"):
         SuffixMemory(max_tokens=0)
+    with pytest.raises(ValueError, match="max_tokens must be <= 4194304"):
+        SuffixMemory(max_tokens=1 << 30)
     with pytest.raises(ValueError, match="memory: only the suffix prophet"):
         make_drafter("multi", prophets="token-recycling", memory=SuffixMemory())
     with pytest.raises(ValueError, match="prophets: cannot merge"):
@@ -491,10 +502,12 @@ def test_cli_generate_runs_the_new_drafters(capsys, loaded, drafter, extra):
     (["bench", "--memory-tokens", "100"],
      "--series-length and --memory-tokens apply to --workload repeated-task only"),
     (["bench", "--workload", "repeated-task", "--categories", "qa"],
-     "--prompt-file, --categories and --all-prompts choose dev prompts; --workload "
+     "--prompts-file, --categories and --all-prompts choose dev prompts; --workload "
      "repeated-task makes its own series"),
     (["bench", "--workload", "repeated-task", "--series-length", "1"],
-     "the series needs at least 2 requests, got 1"),
+     "argument --series-length: must be >= 2, got 1"),
+    (["generate", "--drafter", "suffix", "--depth-per-match", "0", "x"],
+     "argument --depth-per-match: must be in (0, inf), got 0"),
 ])
 def test_cli_bad_options_exit_2(argv, message, capsys):
     from specdec_kernels import cli
@@ -503,7 +516,7 @@ def test_cli_bad_options_exit_2(argv, message, capsys):
         cli.main(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"specdec: error: {message}" in err and "Loading weights" not in err
+    assert f"error: {message}" in err and "Loading weights" not in err
 
 
 def test_repeated_task_series_is_generated_not_taken_from_the_benchmark():

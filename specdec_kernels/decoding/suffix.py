@@ -31,7 +31,15 @@ import math
 from collections import OrderedDict
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
-from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    DecodeState,
+    Drafter,
+    StepOutcome,
+    TreeProposal,
+    check_size,
+)
 from specdec_kernels.decoding.multi import (
     CandidateTree,
     OutcomeJudge,
@@ -41,7 +49,10 @@ from specdec_kernels.decoding.multi import (
 from specdec_kernels.decoding.suffix_automaton import Matcher, SuffixAutomaton
 from specdec_kernels.tree import Tree, stack_trees
 
-__all__ = ["SuffixDrafter", "SuffixMemory"]
+__all__ = ["MATCH_PRIORS", "MAX_MEMORY_TOKENS", "SuffixDrafter", "SuffixMemory"]
+
+#: Largest memory: its index costs a few hundred bytes of Python objects per token.
+MAX_MEMORY_TOKENS = 1 << 22
 
 
 class SuffixMemory:
@@ -50,9 +61,9 @@ class SuffixMemory:
     Parameters
     ----------
     max_tokens : int
-        Most tokens held; adding past it drops the least recently used outputs (down to
-        three quarters of it, so the index is rebuilt rarely). An output longer than the
-        bound keeps its last ``max_tokens`` tokens.
+        Most tokens held (at most :data:`MAX_MEMORY_TOKENS`); adding past it drops the least
+        recently used outputs (down to three quarters of it, so the index is rebuilt rarely).
+        An output longer than the bound keeps its last ``max_tokens`` tokens.
 
     Attributes
     ----------
@@ -61,9 +72,10 @@ class SuffixMemory:
     """
 
     def __init__(self, max_tokens: int = 65536):
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        self.max_tokens = max_tokens
+        self.max_tokens = check_size(
+            "max_tokens", max_tokens, 1, MAX_MEMORY_TOKENS,
+            f"MAX_MEMORY_TOKENS = {MAX_MEMORY_TOKENS}: the index costs a few hundred bytes of "
+            "Python objects per token")
         self.clear()
 
     def clear(self) -> None:
@@ -161,8 +173,9 @@ class SuffixDrafter(Drafter):
     Raises
     ------
     ValueError
-        Sizes below 1, ``min_match`` below 1, ``depth_per_match <= 0``, or a ``memory`` that
-        is not a :class:`SuffixMemory`.
+        Sizes that are not integers, below 1 or above the block limit
+        (``drafter.MAX_BLOCK_WIDTH``), ``depth_per_match`` not a positive number, or a
+        ``memory`` that is not a :class:`SuffixMemory`.
     """
 
     name = "suffix"
@@ -170,13 +183,12 @@ class SuffixDrafter(Drafter):
     def __init__(self, *, memory: SuffixMemory | None = None, max_depth: int = 16,
                  depth_per_match: float = 3.0, min_match: int = 1, max_nodes: int = 16,
                  max_branches: int = 3, cost_curve=None, budget: bool = True):
-        if min(max_depth, min_match, max_nodes, max_branches) < 1:
-            raise ValueError(
-                "max_depth, min_match, max_nodes and max_branches must be >= 1, got "
-                f"{max_depth}, {min_match}, {max_nodes}, {max_branches}"
-            )
-        if not depth_per_match > 0:
-            raise ValueError(f"depth_per_match must be > 0, got {depth_per_match}")
+        for name, value in (("max_depth", max_depth), ("max_nodes", max_nodes),
+                            ("max_branches", max_branches)):
+            check_size(name, value, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
+        check_size("min_match", min_match, 1, MAX_MEMORY_TOKENS)
+        if not 0 < depth_per_match < math.inf:
+            raise ValueError(f"depth_per_match must be a number > 0, got {depth_per_match!r}")
         if memory is not None and not isinstance(memory, SuffixMemory):
             raise ValueError(f"memory must be a SuffixMemory or None, got {type(memory).__name__}")
         self.memory = memory

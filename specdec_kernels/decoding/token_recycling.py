@@ -54,12 +54,24 @@ from torch import Tensor
 
 from specdec_kernels.decoding.budget import AcceptanceStats
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    DecodeState,
+    Drafter,
+    StepOutcome,
+    TreeProposal,
+    check_size,
+)
 from specdec_kernels.decoding.medusa import choose_tree
 from specdec_kernels.decoding.multi import CandidateTree, OutcomeJudge
 
-__all__ = ["PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable", "TokenRecyclingDrafter",
-           "prompt_successors"]
+__all__ = ["MAX_SUCCESSORS", "PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable",
+           "TokenRecyclingDrafter", "prompt_successors"]
+
+#: Most successors kept per row: each costs 4 bytes per vocabulary token (and per pair slot)
+#: of every request, and the budget rarely verifies more than the first few.
+MAX_SUCCESSORS = 64
 
 #: P(node accepted | parent accepted) by depth (rows: 1, 2, 3, 4+) and rank (columns: 0, 1,
 #: 2, 3+) before a request has evidence of its own: measured with the default model on
@@ -285,7 +297,8 @@ class TokenRecyclingDrafter(Drafter):
     Raises
     ------
     ValueError
-        Sizes below 1.
+        Sizes that are not integers, below 1, or above :data:`MAX_SUCCESSORS` (successors) or
+        the block limit (``drafter.MAX_BLOCK_WIDTH``).
     """
 
     name = "token-recycling"
@@ -293,11 +306,11 @@ class TokenRecyclingDrafter(Drafter):
 
     def __init__(self, *, successors: int = 8, max_nodes: int = 32, max_depth: int = 8,
                  cost_curve=None, budget: bool = True):
-        if min(successors, max_nodes, max_depth) < 1:
-            raise ValueError(
-                "successors, max_nodes and max_depth must be >= 1, got "
-                f"{successors}, {max_nodes}, {max_depth}"
-            )
+        check_size("successors", successors, 1, MAX_SUCCESSORS,
+                   f"MAX_SUCCESSORS = {MAX_SUCCESSORS}: every successor kept costs memory per "
+                   "vocabulary token of every request")
+        for name, value in (("max_nodes", max_nodes), ("max_depth", max_depth)):
+            check_size(name, value, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         self.k, self.max_nodes, self.max_depth = successors, max_nodes, max_depth
         self.cost_curve = cost_curve
         self.use_budget = budget
