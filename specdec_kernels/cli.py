@@ -59,6 +59,9 @@ DRAFTER_OPTIONS = {
                   "max_matches", "cost_curve"),
     "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold", "bits",
                        "group", "gguf"),
+    "token-recycling": ("successors", "max_nodes", "max_depth", "cost_curve"),
+    "suffix": ("max_depth", "depth_per_match", "min_match", "max_nodes", "max_branches",
+               "cost_curve"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
 }
 
@@ -152,7 +155,15 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
                    help="retrieval: no drafts below this match length")
     g.add_argument("--max-matches", type=positive, help="retrieval: occurrences read per lookup")
     g.add_argument("--prophets", help="multi: comma list of drafters to merge "
-                   "(default prompt-lookup,retrieval,medusa)")
+                   "(default prompt-lookup,suffix,token-recycling,retrieval,medusa)")
+    g = parser.add_argument_group("token recycling and suffix (--max-nodes, --max-depth too)")
+    g.add_argument("--successors", type=positive,
+                   help="token-recycling: top-k successors kept per vocabulary token (8)")
+    g.add_argument("--min-match", type=positive,
+                   help="suffix: no drafts from earlier matches shorter than this (1)")
+    g.add_argument("--depth-per-match", type=in_interval(0, float("inf"), open_low=True,
+                                                          open_high=True),
+                   help="suffix: a match of m tokens drafts at most this times m deep (3.0)")
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "
@@ -202,7 +213,8 @@ def _add_generate(subparsers) -> None:
         default="prompt-lookup",
         choices=[
             "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-            "medusa", "blockwise", "retrieval", "quantized-self", "multi",
+            "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix",
+            "multi",
         ],
     )
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")

@@ -15,7 +15,7 @@ from specdec_kernels.bench.methods import (
     METHOD_DRAFTERS,
     check_method_names,
 )
-from specdec_kernels.bench.prompts import load_prompts, select_prompts
+from specdec_kernels.bench.prompts import load_prompts, repeated_task_prompts, select_prompts
 from specdec_kernels.cli import (
     DRAFTER_OPTIONS,
     add_method_arguments,
@@ -41,6 +41,8 @@ DEFAULT_METHODS = [
     "ours-blockwise",
     "ours-retrieval",
     "ours-quantized-self",
+    "ours-token-recycling",
+    "ours-suffix",
     "ours-multi",
 ]
 
@@ -57,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--all-prompts", action="store_true", help="every prompt of the file")
     parser.add_argument("--categories", help="comma list of categories (default all six)")
     add_prompts_file_argument(parser, "Spec-Bench style JSONL (default: the dev set)")
+    parser.add_argument("--workload", choices=["dev", "repeated-task"], default="dev",
+                        help="dev: the prompt file by category (default); repeated-task: one "
+                        "instruction over a series of generated inputs, run in order, "
+                        "ours-suffix/ours-multi keeping a memory of earlier outputs")
+    parser.add_argument("--series-length", type=at_least(2), default=16,
+                        help="repeated-task: requests in the series (default 16)")
+    parser.add_argument("--memory-tokens", type=positive, default=65536,
+                        help="repeated-task: bound of the suffix memory (default 65536)")
     parser.add_argument("--max-new-tokens", type=positive, default=64)
     parser.add_argument("--repeats", type=positive, default=1,
                         help="runs of each method per prompt (interleaved; the figures are "
@@ -127,11 +137,21 @@ def run(args: argparse.Namespace) -> dict:
         names = [n for n in names if n not in BATCH_ONE_METHODS]
     check_method_names(names, has_draft=bool(args.draft))
     options = _drafter_options(args, names)
-    prompts = select_prompts(
-        load_prompts(args.prompts_file),
-        None if args.all_prompts else args.prompts_per_category,
-        args.categories.split(",") if args.categories else None,
-    )
+    repeated = args.workload == "repeated-task"
+    if repeated and (args.prompts_file or args.categories or args.all_prompts):
+        raise ValueError("--prompts-file, --categories and --all-prompts choose dev prompts; "
+                         "--workload repeated-task makes its own series")
+    if not repeated and (args.series_length != 16 or args.memory_tokens != 65536):
+        raise ValueError("--series-length and --memory-tokens apply to --workload "
+                         "repeated-task only (the dev prompts never feed a memory)")
+    if repeated:
+        prompts = repeated_task_prompts(args.series_length)
+    else:
+        prompts = select_prompts(
+            load_prompts(args.prompts_file),
+            None if args.all_prompts else args.prompts_per_category,
+            args.categories.split(",") if args.categories else None,
+        )
     _check_drafters(options)
 
     import torch
@@ -156,6 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         cpu_kernels=not args.torch_kernels,
         medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
         gguf_path=_gguf_path(args.target),
+        memory_tokens=args.memory_tokens if repeated else None,
     )
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     groups = len(group_prompts(prompts, args.batch_size))
@@ -177,6 +198,7 @@ def run(args: argparse.Namespace) -> dict:
         )
     config = {
         "target": args.target,
+        "workload": args.workload,
         "draft": args.draft,
         "device": args.device,
         "target_layers": target.model.config.num_hidden_layers,

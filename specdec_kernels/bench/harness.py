@@ -58,7 +58,8 @@ def run_benchmark(
 
     Methods run interleaved (for each repeat and group, all methods in a shuffled order) so
     that machine drift affects them alike. One short warm-up run per method comes first,
-    untimed.
+    untimed. A method that carries state from run to run (a suffix memory of earlier outputs:
+    ``reset()``) starts every repeat empty, the warm-up's output forgotten.
 
     Parameters
     ----------
@@ -88,6 +89,8 @@ def run_benchmark(
 
     measurements = []
     for repeat in range(repeats):
+        for method in methods.values():
+            getattr(method, "reset", lambda: None)()
         for group in groups:
             ids = tuple(p.question_id for p in group)
             batch = [encoded[i] for i in ids]

@@ -177,17 +177,28 @@ def _until_eos(tokens: list, eos: set) -> list:
 
 
 class OursMethod:
-    """:func:`specdec_kernels.generate` with one drafter (or none)."""
+    """:func:`specdec_kernels.generate` with one drafter (or none).
+
+    ``memory``: a :class:`~specdec_kernels.decoding.SuffixMemory` the method's drafters share
+    from run to run (the repeated-task workload), emptied by :meth:`reset`.
+    """
 
     kind = "ours"
 
-    def __init__(self, name: str, model, tokenizer, make_drafter, **generate_kwargs):
+    def __init__(self, name: str, model, tokenizer, make_drafter, *, memory=None,
+                 **generate_kwargs):
         self.name = name
         self.model = model
         self.tokenizer = tokenizer
         self.make_drafter = make_drafter  # a fresh drafter per run: drafters keep state
+        self.memory = memory
         self.generate_kwargs = generate_kwargs
         self.settings: dict = {}
+
+    def reset(self) -> None:
+        """Forget what earlier runs left in the memory (if any)."""
+        if self.memory is not None:
+            self.memory.clear()
 
     def run(self, prompts: list, max_new_tokens: int, sampling: Sampling) -> RunRecord:
         """Generate for a batch of prompts (token id lists)."""
@@ -255,7 +266,10 @@ METHOD_DESCRIPTIONS = {
     "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
     "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
     "ours-quantized-self": "ours, an int4 copy of the target (quantized_linear) drafts",
-    "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
+    "ours-token-recycling": "ours, token recycling (the target's recent top-k per token, a tree)",
+    "ours-suffix": "ours, suffix automaton of the context (and of earlier outputs, repeated task)",
+    "ours-multi": "ours, prompt lookup + suffix + token recycling + retrieval + Medusa heads, "
+                  "merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
     "llama-cpp": "llama.cpp (llama-cpp-python) on the same GGUF file, plain",
@@ -273,6 +287,8 @@ METHOD_DRAFTERS = {
     "ours-jacobi": "jacobi",
     "ours-retrieval": "retrieval",
     "ours-quantized-self": "quantized-self",
+    "ours-token-recycling": "token-recycling",
+    "ours-suffix": "suffix",
     "ours-multi": "multi",
 }
 
@@ -305,6 +321,7 @@ def build_methods(
     medusa_heads=None,
     medusa_cost_curve=None,
     gguf_path=None,
+    memory_tokens: int | None = None,
 ) -> dict:
     """The requested methods, ready to run.
 
@@ -336,6 +353,10 @@ def build_methods(
         :class:`~specdec_kernels.decoding.cost.StepCost`).
     gguf_path : str, optional
         The target's GGUF file, for the llama.cpp peers.
+    memory_tokens : int, optional
+        Give ``ours-suffix`` and ``ours-multi`` (its suffix prophet) a
+        :class:`~specdec_kernels.decoding.SuffixMemory` of this many tokens, one per method,
+        kept from run to run (the repeated-task workload); none by default.
 
     Raises
     ------
@@ -352,8 +373,9 @@ def build_methods(
         MedusaDrafter,
         PromptLookupDrafter,
         SelfSpeculativeDrafter,
+        SuffixMemory,
     )
-    from specdec_kernels.decoding.api import make_drafter
+    from specdec_kernels.decoding.api import DEFAULT_PROPHETS, make_drafter
     from specdec_kernels.decoding.draft_model import check_same_vocabulary
     from specdec_kernels.decoding.self_speculative import DEFAULT_LAYERS_SKIPPED
 
@@ -374,12 +396,22 @@ def build_methods(
     depth = model.config.num_hidden_layers
     layers = exit_layer or max(1, depth - DEFAULT_LAYERS_SKIPPED)
 
-    def ours(name, make_drafter):
-        return OursMethod(name, model, tokenizer, make_drafter, cpu_kernels=cpu_kernels)
+    def ours(name, make_drafter, memory=None):
+        return OursMethod(name, model, tokenizer, make_drafter, memory=memory,
+                          cpu_kernels=cpu_kernels)
 
+    def memory():
+        return None if memory_tokens is None else SuffixMemory(memory_tokens)
+
+    suffix_memory, multi_memory = memory(), memory()
     # The merged prophets take the Medusa heads loaded once above and the same cost curve.
     multi_options = {"heads": medusa_heads, "cost_curve": medusa_cost_curve,
                      **options.get("multi", {})}
+    prophets = multi_options.get("prophets", DEFAULT_PROPHETS)
+    if isinstance(prophets, str):
+        prophets = [p.strip() for p in prophets.split(",")]
+    if multi_memory is not None and "suffix" in prophets:
+        multi_options["memory"] = multi_memory
 
     factories = {
         "hf-generate": lambda: HFMethod("hf-generate", model, tokenizer),
@@ -416,7 +448,18 @@ def build_methods(
             "ours-quantized-self",
             lambda: make_drafter("quantized-self", **options.get("quantized-self", {})),
         ),
-        "ours-multi": lambda: ours("ours-multi", lambda: make_drafter("multi", **multi_options)),
+        "ours-token-recycling": lambda: ours(
+            "ours-token-recycling",
+            lambda: make_drafter("token-recycling", **options.get("token-recycling", {})),
+        ),
+        "ours-suffix": lambda: ours(
+            "ours-suffix",
+            lambda: make_drafter("suffix", memory=suffix_memory, **options.get("suffix", {})),
+            suffix_memory,
+        ),
+        "ours-multi": lambda: ours(
+            "ours-multi", lambda: make_drafter("multi", **multi_options), multi_memory
+        ),
         "ours-draft-model": lambda: ours(
             "ours-draft-model",
             lambda: DraftModelDrafter(

@@ -6,6 +6,7 @@ Spec-Bench reports six categories; MT-bench's eight sub-categories count as one,
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,3 +70,49 @@ def select_prompts(
     if not chosen:
         raise ValueError("the prompt selection is empty")
     return chosen
+
+
+#: The repeated-task workload's two categories: the first and the second half of its series.
+SERIES_HALVES = ("series_1st_half", "series_2nd_half")
+
+#: The repeated task: one instruction, a new record each time (as a batch job or an agent
+#: sends them). Generated here, never taken from the benchmark prompts.
+REPEATED_TASK = (
+    "Convert this order into a JSON object with the keys \"customer\", \"city\", "
+    "\"product\", \"quantity\" and \"total_usd\". Answer with the JSON only.\n\n"
+    "Order: {customer} from {city} bought {quantity} {product} for {total} dollars."
+)
+_FIRST = ("Maria", "John", "Aiko", "Peter", "Fatima", "Lucas", "Grace", "Omar", "Elena", "Tom",
+          "Priya", "Hugo", "Sara", "Ken", "Ines", "Noah")
+_LAST = ("Lopez", "Carter", "Tanaka", "Novak", "Khan", "Silva", "Moreau", "Haddad", "Rossi",
+         "Berg", "Iyer", "Dubois", "Lind", "Sato", "Costa", "Meyer")
+_CITIES = ("Lisbon", "Denver", "Osaka", "Prague", "Lahore", "Porto", "Lyon", "Cairo", "Turin",
+           "Oslo", "Pune", "Ghent", "Malmo", "Kyoto", "Braga", "Bremen")
+_PRODUCTS = ("desk lamps", "coffee grinders", "rain jackets", "chess sets", "garden hoses",
+             "water bottles", "phone cases", "yoga mats", "tea kettles", "bike helmets")
+
+
+def repeated_task_prompts(count: int = 16, seed: int = 0) -> list[Prompt]:
+    """The repeated-task workload: :data:`REPEATED_TASK` over ``count`` generated orders.
+
+    Question ids are positions in the series (1 first); the first half of the series has
+    category ``SERIES_HALVES[0]``, the second ``SERIES_HALVES[1]``.
+
+    Raises
+    ------
+    ValueError
+        ``count < 2`` (a series needs two halves).
+    """
+    if count < 2:
+        raise ValueError(f"the series needs at least 2 requests, got {count}")
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        quantity = rng.randint(2, 9)
+        text = REPEATED_TASK.format(
+            customer=f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", city=rng.choice(_CITIES),
+            quantity=quantity, product=rng.choice(_PRODUCTS),
+            total=quantity * rng.randint(8, 60),
+        )
+        prompts.append(Prompt(i + 1, SERIES_HALVES[2 * i >= count], text))
+    return prompts

@@ -185,8 +185,9 @@ def _methods_in_order(figures: dict) -> list:
 
 
 def _categories_in_order(figures: dict) -> list:
-    present = {c for per in figures.values() for c in per}
-    return [c for c in CATEGORIES if c in present]
+    """The dev set's categories in report order, then any other (a workload's own), sorted."""
+    present = {c for per in figures.values() for c in per} - {OVERALL}
+    return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
 
 
 def _flagged_lines(outliers: list) -> list:
@@ -458,6 +459,38 @@ def describe_outliers(measurements, outliers: dict) -> list:
     return found
 
 
+def series_markdown(measurements, figures: dict) -> str:
+    """For a series of requests (the repeated-task workload: question ids are positions in
+    the series): each method's τ at every position (mean over repeats), and its tokens/s over
+    our plain loop's (``ours-autoregressive``) in each half of the series."""
+    tau = defaultdict(lambda: defaultdict(list))
+    for m in measurements:
+        forwards = sum(m.record.forward_rows)
+        if forwards:
+            tau[m.method][m.question_ids[0]].append(m.record.new_tokens / forwards)
+    positions = sorted({q for per in tau.values() for q in per})
+    lines = ["", "τ by position in the series (requests run one after another):", "",
+             "| method | " + " | ".join(str(q) for q in positions) + " |",
+             "|---|" + "---:|" * len(positions)]
+    for method in _methods_in_order(figures):
+        cells = [f"{statistics.fmean(tau[method][q]):.2f}" if tau[method][q] else "—"
+                 for q in positions]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    plain = figures.get("ours-autoregressive")
+    if plain:
+        halves = [c for c in _categories_in_order(figures) if c in plain]
+        lines += ["", "Tokens/s over ours-autoregressive's, by half of the series:", "",
+                  "| method | " + " | ".join(halves) + " |", "|---|" + "---:|" * len(halves)]
+        for method in _methods_in_order(figures):
+            cells = []
+            for half in halves:
+                row, base = figures[method].get(half), plain[half]["tokens_per_second"]
+                cells.append("—" if row is None or not base
+                             else f"{row['tokens_per_second'] / base:.2f}×")
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_reports(measurements, config: dict, out_dir: Path) -> dict:
     """Write results.json, results.md and the plots into ``out_dir``; return the figures
     (outlier runs flagged and left out, see :func:`find_outliers`)."""
@@ -474,7 +507,10 @@ def write_reports(measurements, config: dict, out_dir: Path) -> dict:
             f,
             indent=1,
         )
-    (out_dir / "results.md").write_text(markdown(figures, config, flagged))
+    text = markdown(figures, config, flagged)
+    if config.get("workload") == "repeated-task":
+        text += series_markdown(measurements, figures)
+    (out_dir / "results.md").write_text(text)
     left_out = f"; {len(flagged)} flagged run(s) left out (results.md)" if flagged else ""
     plot(figures, out_dir, machine_line(config) + left_out)
     return figures

@@ -5,8 +5,9 @@ by every method; methods differ only in the drafter.
 - Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
   :class:`PromptLookupDrafter`, :class:`LookaheadDrafter`, :class:`JacobiDrafter`,
   :class:`MedusaDrafter`, :class:`BlockwiseDrafter`, :class:`RetrievalDrafter`,
-  :class:`QuantizedSelfDrafter`, :class:`MultiDrafter` (several merged into one cost-budgeted
-  tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
+  :class:`QuantizedSelfDrafter`, :class:`TokenRecyclingDrafter`, :class:`SuffixDrafter` (with
+  an opt-in :class:`SuffixMemory` of earlier outputs), :class:`MultiDrafter` (several merged
+  into one cost-budgeted tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
   drafter can get from the step is documented in :mod:`~specdec_kernels.decoding.drafter`).
 - Acceptance rules a proposal carries: :data:`LOSSLESS` (default), :class:`Typical`,
   :data:`GREEDY` (:mod:`~specdec_kernels.decoding.acceptance`).
@@ -33,6 +34,8 @@ from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 from specdec_kernels.decoding.multi import MultiDrafter
 from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
 from specdec_kernels.decoding.retrieval import RetrievalDrafter
+from specdec_kernels.decoding.suffix import SuffixDrafter, SuffixMemory
+from specdec_kernels.decoding.token_recycling import TokenRecyclingDrafter
 from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
 from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
@@ -73,6 +76,9 @@ __all__ = [
     "SelfSpeculativeDrafter",
     "StepOutcome",
     "StopCriteria",
+    "SuffixDrafter",
+    "SuffixMemory",
+    "TokenRecyclingDrafter",
     "TreeBudget",
     "TreeProposal",
     "Typical",

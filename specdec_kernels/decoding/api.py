@@ -21,12 +21,14 @@ __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 #: Names accepted by ``generate(drafter=...)`` and the command line.
 DRAFTER_NAMES = (
     "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-    "medusa", "blockwise", "retrieval", "quantized-self", "multi",
+    "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix", "multi",
 )
 
-#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, retrieval from the
-#: shipped datastore, and the trained drafter that ships (the Medusa heads).
-DEFAULT_PROPHETS = ("prompt-lookup", "retrieval", "medusa")
+#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, the suffix
+#: automaton, token recycling, retrieval from the shipped datastore, and the trained drafter
+#: that ships (the Medusa heads). Chosen on tuning requests (bench/RESULTS.md): each of them
+#: raised the merged τ there.
+DEFAULT_PROPHETS = ("prompt-lookup", "suffix", "token-recycling", "retrieval", "medusa")
 
 
 @dataclass
@@ -67,8 +69,11 @@ def make_drafter(
         ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
         or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
         given), ``"retrieval"`` (the datastore shipped for the default model unless
-        ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target) or ``"multi"``
-        (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`).
+        ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target),
+        ``"token-recycling"`` (the target's own recent top-k per token), ``"suffix"`` (the
+        context's longest earlier match; ``memory=SuffixMemory(...)`` adds earlier requests'
+        outputs) or ``"multi"`` (``prophets=`` merged into one budgeted tree; default
+        :data:`DEFAULT_PROPHETS`).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
@@ -102,6 +107,14 @@ def make_drafter(
         from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
 
         return QuantizedSelfDrafter(**options)
+    if name == "token-recycling":
+        from specdec_kernels.decoding.token_recycling import TokenRecyclingDrafter
+
+        return TokenRecyclingDrafter(**options)
+    if name == "suffix":
+        from specdec_kernels.decoding.suffix import SuffixDrafter
+
+        return SuffixDrafter(**options)
     if name == "multi":
         return _multi_drafter(draft_model=draft_model, draft_tokenizer=draft_tokenizer,
                               **options)
@@ -109,9 +122,10 @@ def make_drafter(
 
 
 def _multi_drafter(*, prophets=DEFAULT_PROPHETS, datastore=None, heads=None, cost_curve=None,
-                   max_nodes: int = 24, draft_model=None, draft_tokenizer=None):
-    """``make_drafter("multi")``: the named prophets (each with its defaults, the datastore
-    and heads given) merged by :class:`~specdec_kernels.decoding.multi.MultiDrafter`."""
+                   memory=None, max_nodes: int = 24, draft_model=None, draft_tokenizer=None):
+    """``make_drafter("multi")``: the named prophets (each with its defaults, the datastore,
+    heads and suffix memory given) merged by
+    :class:`~specdec_kernels.decoding.multi.MultiDrafter`."""
     from specdec_kernels.decoding.multi import MultiDrafter
 
     if isinstance(prophets, str):
@@ -123,11 +137,17 @@ def _multi_drafter(*, prophets=DEFAULT_PROPHETS, datastore=None, heads=None, cos
     if bad:
         raise ValueError(f"prophets: cannot merge {bad}; choose from "
                          f"{[n for n in DRAFTER_NAMES if n not in ('none', 'multi')]}")
+    if memory is not None and "suffix" not in prophets:
+        raise ValueError("memory: only the suffix prophet reads a memory; add it to prophets")
     drafters = []
     for p in prophets:
         options = {}
         if p == "retrieval":
             options = {"datastore": datastore, "budget": False}  # the merged tree is budgeted
+        elif p == "token-recycling":
+            options = {"budget": False}
+        elif p == "suffix":
+            options = {"memory": memory, "budget": False}
         elif p in ("medusa", "blockwise"):
             options = {"heads": heads, "cost_curve": cost_curve}
         drafters.append(make_drafter(p, draft_model=draft_model,
@@ -287,7 +307,8 @@ def generate(
     drafter : Drafter or str, optional
         A drafter object, or one of ``"prompt-lookup"``, ``"self-speculative"``,
         ``"draft-model"`` (with ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``,
-        ``"blockwise"``, ``"retrieval"``, ``"quantized-self"``, ``"multi"``, ``"none"``.
+        ``"blockwise"``, ``"retrieval"``, ``"quantized-self"``, ``"token-recycling"``,
+        ``"suffix"``, ``"multi"``, ``"none"``.
         Plain decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (needed for text prompts, stop strings and returned text).

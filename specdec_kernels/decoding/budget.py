@@ -57,8 +57,9 @@ class AcceptanceStats:
         Pseudo-observations of the prior (how fast measured rates take over).
     priors : dict, optional
         ``{key: p}``: prior acceptance of a prophet's rank-0 node at depth 1; deeper and
-        lower-ranked nodes get ``p * 0.95 ** (depth - 1) / (rank + 1)``. Without an entry: by
-        the key's class (:data:`CLASS_PRIORS`), else ``default_prior``.
+        lower-ranked nodes get ``p * 0.95 ** (depth - 1) / (rank + 1)``. Without an entry for
+        the key (``"name:class"``): the entry for its name, else by its class
+        (:data:`CLASS_PRIORS`), else ``default_prior``.
     max_depth, max_rank : int
         Deeper / lower-ranked nodes share the statistics of the last bucket.
     """
@@ -74,14 +75,14 @@ class AcceptanceStats:
         return prophet, min(max(depth, 1), self.max_depth), min(max(rank, 0), self.max_rank)
 
     def prior(self, prophet: str, depth: int, rank: int) -> float:
-        """Prior P(accepted | parent accepted): ``priors[key]``, else by the key's class (how
-        deep the prophet chose to draft: a prophet drafts deep only when it is sure, see
-        :data:`CLASS_PRIORS`), else ``priors[name]`` or ``default_prior``; lower for deeper and
-        lower-ranked nodes."""
+        """Prior P(accepted | parent accepted): ``priors[key]``, else ``priors[name]`` (a
+        prophet's own measured prior), else by the key's class (how deep the prophet chose to
+        draft: a prophet drafts deep only when it is sure, see :data:`CLASS_PRIORS`), else
+        ``default_prior``; lower for deeper and lower-ranked nodes."""
         name, _, kind = prophet.partition(":")
-        base = self.priors.get(prophet)
+        base = self.priors.get(prophet, self.priors.get(name))
         if base is None:
-            base = CLASS_PRIORS.get(kind, self.priors.get(name, self.default_prior))
+            base = CLASS_PRIORS.get(kind, self.default_prior)
         return base * 0.95 ** (max(depth, 1) - 1) / (max(rank, 0) + 1)
 
     def rate(self, prophet: str, depth: int, rank: int) -> float:
@@ -359,15 +360,18 @@ class OutcomeJudge:
         self.pending = [[] for _ in range(batch)]
 
     def add(self, contexts: list, previous_starts: list, candidates: list,
-            stats: AcceptanceStats) -> None:
+            stats: AcceptanceStats | list) -> None:
         """Queue this step's tries (rooted at the pending token after ``previous_starts[b]``
         committed rows) and judge every queued one that ``contexts`` (prompt and emitted
-        tokens, ``DecodeState.contexts``) now settles."""
+        tokens, ``DecodeState.contexts``) now settles, into ``stats``: one
+        :class:`AcceptanceStats` for the batch, or a list of one per request (a request's
+        trees then depend on its own history only)."""
         for b, cand in enumerate(candidates):
             self.pending[b].append((cand, previous_starts[b] + 1))
             ctx = contexts[b]
+            own = stats[b] if isinstance(stats, list) else stats
             self.pending[b] = [
-                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
+                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], own)
             ]
 
     def select_requests(self, keep: list) -> None:

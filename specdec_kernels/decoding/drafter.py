@@ -58,6 +58,14 @@ step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that 
 expected tokens per unit of step cost (retrieval and merged prophets use it each step; Medusa's
 static tree is the same budget applied once to its rank-path tree).
 
+**What the forward predicted** (:attr:`StepOutcome.logits`, :attr:`StepOutcome.tokens`,
+:attr:`StepOutcome.parents`, :attr:`StepOutcome.accepted_rows`). After every step a drafter
+is handed, on the device and without any extra device read, the target's logits over every
+row of the verified block, the token each row held (``-1`` on rows a request did not use),
+its parent row, and which rows formed the accepted path: the top-k of every row, rejected
+branches included, is free evidence of what follows which tokens (token recycling keeps it).
+A merged prophet gets the merged block's.
+
 **Drafter statistics** (:meth:`Drafter.report`). Whatever a drafter measured about itself
 (e.g. per-prophet figures of a merged drafter) is returned by :meth:`Drafter.report` at the end
 of a run and lands in :attr:`~specdec_kernels.decoding.stats.RunStats.drafter_report`.
@@ -351,12 +359,25 @@ class StepOutcome:
         :class:`ExtraRows` (if any). Row ``j`` predicts the token after block row ``j``.
     tree_width : int
         ``T``: block rows that were verified (extra rows start there).
+    tokens : Tensor, optional
+        ``[B, T]`` int64 token of each verified block row (the pending token first; ``-1`` on
+        rows a request did not use: tree padding, chain columns past its ``num_draft``), on
+        the device: with :attr:`logits`, what the target predicted after which token.
+    parents : Tensor, optional
+        ``[B, T]`` int64 parent row of each verified block row (``-1`` the root, ``-2``
+        unused; a chain's row ``j`` has parent ``j - 1``), on the device.
+    accepted_rows : Tensor, optional
+        ``[B, W]`` int64 block rows of each request's accepted path, the pending token's
+        (row 0) first, then ``-1`` past its ``num_accepted[b] + 1`` entries, on the device.
     """
 
     previous_starts: list
     num_accepted: list
     logits: Tensor | None = None
     tree_width: int = 0
+    tokens: Tensor | None = None
+    parents: Tensor | None = None
+    accepted_rows: Tensor | None = None
 
     @property
     def extra_logits(self) -> Tensor | None:
@@ -374,6 +395,12 @@ class Drafter:
 
     #: Short name used in statistics and on the command line.
     name = "drafter"
+
+    #: P(its first draft is accepted) before any evidence, for a budget that merges its
+    #: proposals (:class:`~specdec_kernels.decoding.multi.MultiDrafter`); ``None`` (default):
+    #: judged by how deep it drafted (``budget.CLASS_PRIORS``), for drafters that draft deep
+    #: only when they are sure.
+    first_draft_prior: float | None = None
 
     #: Target features the drafter reads (see the module's doorways): ``None`` (default,
     #: nothing is captured) or ``"final_norm"`` (the final norm's output of accepted rows, in

@@ -273,7 +273,7 @@ class Engine:
             raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
         t1 = time.perf_counter()
         eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
-        num_accepted, emitted, logits, proposal_width = self._verify_and_commit(
+        num_accepted, emitted, seen = self._verify_and_commit(
             state, proposal, eos_blocked if max(eos_blocked) > 0 else None, stop.eos_ids
         )
         stats.target_forwards += 1
@@ -296,9 +296,7 @@ class Engine:
                 gen.on_emit(req, gen.outputs[req][before:], reason is not None)
             state.remaining[b] = stop.max_new_tokens[req] - len(gen.outputs[req])
         t2 = time.perf_counter()
-        self.drafter.accept(
-            state, StepOutcome(previous_starts, num_accepted, logits, proposal_width)
-        )
+        self.drafter.accept(state, StepOutcome(previous_starts, num_accepted, **seen))
         stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
         if finished:
             keep_rows = [b for b in range(len(gen.rows)) if b not in finished]
@@ -325,8 +323,9 @@ class Engine:
 
         ``eos_blocked[b]``: the block rows of request ``b`` at depth below it get the EOS ids
         masked out of the target logits (``min_new_tokens``); ``None`` when no row needs it.
-        Returns the accepted counts and emitted tokens per request, the block's logits and
-        the width of its verified part (extra rows follow it)."""
+        Returns the accepted counts and emitted tokens per request, and what the drafter
+        sees of the forward (:class:`StepOutcome`'s ``logits``, ``tree_width``, ``tokens``,
+        ``parents``, ``accepted_rows``; device tensors)."""
         tokens, parents = proposal.block(state.pending)
         width, extra = tokens.shape[1], proposal.extra
         logits, hidden = self._forward(state, tokens, parents, extra)
@@ -347,7 +346,13 @@ class Engine:
         ops.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
-        return accepted, emitted, logits, width
+        path = torch.arange(verdict.rows.shape[1], device=tokens.device)[None, :]
+        seen = dict(
+            logits=logits, tree_width=width,
+            tokens=torch.where(parents != PAD_PARENT, tokens, -1), parents=parents,
+            accepted_rows=torch.where(path <= verdict.num_accepted[:, None], verdict.rows, -1),
+        )
+        return accepted, emitted, seen
 
     def _forward(self, state: DecodeState, tokens, parents, extra):
         """The target's logits over the block then its extra rows (run with the block, never

@@ -27,15 +27,18 @@ What the prophets are told
 --------------------------
 After the step, prophet ``p`` receives a :class:`StepOutcome` whose ``num_accepted[b]`` is the
 number of leading accepted drafts that it had proposed itself (its chain's matching prefix,
-whether or not the budget kept its whole proposal), without logits. Drafters whose proposals
-carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or an acceptance rule other than
-``LOSSLESS`` cannot be merged (``ValueError``).
+whether or not the budget kept its whole proposal); its logits, tokens and accepted rows
+are the merged block's (what the target predicted after every node, whoever proposed it).
+Drafters whose proposals carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or an
+acceptance rule other than ``LOSSLESS`` cannot be merged (``ValueError``).
 
 Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes verified
 (kept by the budget), accepted drafts it had proposed, and their share of the emitted tokens.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from specdec_kernels.decoding.acceptance import LOSSLESS
 from specdec_kernels.decoding.budget import (
@@ -84,7 +87,8 @@ class MultiDrafter(Drafter):
         Most drafted nodes per request and step.
     priors : dict, optional
         ``{prophet name: P(first draft accepted)}`` before any evidence (see
-        :class:`~specdec_kernels.decoding.budget.AcceptanceStats`).
+        :class:`~specdec_kernels.decoding.budget.AcceptanceStats`); by default each prophet's
+        :attr:`~specdec_kernels.decoding.drafter.Drafter.first_draft_prior` where it has one.
 
     Raises
     ------
@@ -109,7 +113,9 @@ class MultiDrafter(Drafter):
         self.names = _unique_names([d.name for d in drafters])
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
-        self.priors = dict(priors or {})
+        own = {n: d.first_draft_prior for n, d in zip(self.names, drafters)
+               if d.first_draft_prior is not None}
+        self.priors = {**own, **(priors or {})}
         self.budget: TreeBudget | None = None
         self.stats = AcceptanceStats(priors=self.priors)
         self._candidates: list = []
@@ -194,7 +200,7 @@ class MultiDrafter(Drafter):
             state.contexts, outcome.previous_starts, self._candidates, self.stats
         )
         for name, drafter in zip(self.names, self.drafters):
-            drafter.accept(state, StepOutcome(outcome.previous_starts, per_prophet[name]))
+            drafter.accept(state, dataclasses.replace(outcome, num_accepted=per_prophet[name]))
 
     def select_requests(self, keep: list) -> None:
         self._judge.select_requests(keep)
