@@ -54,6 +54,7 @@ DRAFTER_OPTIONS = {
                   "max_matches", "cost_curve"),
     "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
+    "eagle": ("eagle_draft", "branching", "max_depth", "max_nodes", "cost_curve"),
 }
 
 
@@ -88,6 +89,11 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-matches", type=int, help="retrieval: occurrences read per lookup")
     g.add_argument("--prophets", help="multi: comma list of drafters to merge "
                    "(default prompt-lookup,retrieval,medusa)")
+    g = parser.add_argument_group("eagle (EAGLE-3 draft on the target's features)")
+    g.add_argument("--eagle-draft", help="EAGLE-3 folder (ours or the published layout); "
+                   "default: the one shipped for the default model")
+    g.add_argument("--branching", type=int, help="eagle: nodes expanded per depth and "
+                   "children per expanded node (--max-depth, --max-nodes bound the tree)")
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "
@@ -133,7 +139,7 @@ def _add_generate(subparsers) -> None:
         default="prompt-lookup",
         choices=[
             "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-            "medusa", "blockwise", "retrieval", "quantized-self", "multi",
+            "medusa", "blockwise", "retrieval", "quantized-self", "multi", "eagle",
         ],
     )
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")

@@ -38,6 +38,7 @@ DEFAULT_METHODS = [
     "ours-retrieval",
     "ours-quantized-self",
     "ours-multi",
+    "ours-eagle",
 ]
 
 
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> dict:
             names = [n for n in names if n not in ("ours-medusa", "ours-blockwise", "ours-multi")]
         if not args.datastore:
             names = [n for n in names if n not in ("ours-retrieval", "ours-multi")]
+        if not args.eagle_draft:
+            names = [n for n in names if n != "ours-eagle"]
     if args.batch_size > 1:
         batch_one = [n for n in names if n in BATCH_ONE_METHODS]
         if args.methods and batch_one:

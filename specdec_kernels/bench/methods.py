@@ -251,6 +251,7 @@ METHOD_DESCRIPTIONS = {
     "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
     "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
     "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
+    "ours-eagle": "ours, EAGLE-3 draft on the target's features (shipped), EAGLE-2 dynamic tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
 }
@@ -267,6 +268,7 @@ METHOD_DRAFTERS = {
     "ours-retrieval": "retrieval",
     "ours-quantized-self": "quantized-self",
     "ours-multi": "multi",
+    "ours-eagle": "eagle",
 }
 
 #: The methods that need a draft model.
@@ -406,6 +408,9 @@ def build_methods(
             lambda: make_drafter("quantized-self", **options.get("quantized-self", {})),
         ),
         "ours-multi": lambda: ours("ours-multi", lambda: make_drafter("multi", **multi_options)),
+        "ours-eagle": lambda: ours(
+            "ours-eagle", lambda: make_drafter("eagle", **options.get("eagle", {}))
+        ),
         "ours-draft-model": lambda: ours(
             "ours-draft-model",
             lambda: DraftModelDrafter(

@@ -21,7 +21,7 @@ __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 #: Names accepted by ``generate(drafter=...)`` and the command line.
 DRAFTER_NAMES = (
     "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-    "medusa", "blockwise", "retrieval", "quantized-self", "multi",
+    "medusa", "blockwise", "retrieval", "quantized-self", "multi", "eagle",
 )
 
 #: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, retrieval from the
@@ -68,7 +68,9 @@ def make_drafter(
         or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
         given), ``"retrieval"`` (the datastore shipped for the default model unless
         ``datastore=...``), ``"quantized-self"`` (an int8 copy of the target) or ``"multi"``
-        (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`).
+        (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`) or
+        ``"eagle"`` (the EAGLE-3 drafter shipped for the default model unless
+        ``eagle_draft=...``).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
@@ -94,6 +96,10 @@ def make_drafter(
         from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 
         return (MedusaDrafter if name == "medusa" else BlockwiseDrafter)(**options)
+    if name == "eagle":
+        from specdec_kernels.decoding.eagle import EagleDrafter
+
+        return EagleDrafter(**options)
     if name == "retrieval":
         from specdec_kernels.decoding.retrieval import RetrievalDrafter
 

@@ -69,11 +69,11 @@ class EagleDrafter(Drafter):
 
     Parameters
     ----------
-    draft : EagleDraftModel, str, Path or None
+    eagle_draft : EagleDraftModel, str, Path or None
         The draft network, a folder in the published EAGLE-3 layout
         (:func:`~specdec_kernels.decoding.eagle_model.load_eagle`), or ``None`` for the
         drafter shipped for the default model.
-    top_k : int
+    branching : int
         Nodes expanded per depth, and children per expanded node.
     max_depth : int
         Deepest draft level.
@@ -85,8 +85,9 @@ class EagleDrafter(Drafter):
 
     name = "eagle"
 
-    def __init__(self, draft=None, *, top_k: int = 8, max_depth: int = 6, max_nodes: int = 48,
-                 cost_curve=None):
+    def __init__(self, eagle_draft=None, *, branching: int = 8, max_depth: int = 6,
+                 max_nodes: int = 48, cost_curve=None):
+        draft = eagle_draft
         if draft is None:
             draft = default_eagle_path()
         if isinstance(draft, (str, Path)):
@@ -95,15 +96,19 @@ class EagleDrafter(Drafter):
         elif isinstance(draft, EagleDraftModel):
             self._folder = None
         else:
-            raise ValueError(f"draft must be an EagleDraftModel, a folder or None, got {type(draft)}")
-        for name, value in (("top_k", top_k), ("max_depth", max_depth), ("max_nodes", max_nodes)):
+            raise ValueError(
+                f"eagle_draft must be an EagleDraftModel, a folder or None, got {type(draft)}")
+        for name, value in (("branching", branching), ("max_depth", max_depth),
+                            ("max_nodes", max_nodes)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.draft = draft
-        self.top_k, self.max_depth, self.max_nodes = int(top_k), int(max_depth), int(max_nodes)
+        self.top_k, self.max_depth = int(branching), int(max_depth)
+        self.max_nodes = int(max_nodes)
         self.cost_curve = cost_curve
         self.budget: TreeBudget | None = None
-        self.stats = AcceptanceStats(prior_weight=4.0, max_depth=max_depth, max_rank=top_k)
+        self.stats = AcceptanceStats(prior_weight=4.0, max_depth=self.max_depth,
+                                     max_rank=self.top_k)
         if draft is not None:
             self.target_features = FeatureSpec(draft.config.capture_layers, prompt_rows="all")
 
@@ -118,7 +123,7 @@ class EagleDrafter(Drafter):
         draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
         draft.to(device=runner.device, dtype=torch.float32).eval()
         if draft.embed_tokens is None:
-            draft.embed_tokens = runner.model.get_input_embeddings()
+            draft.borrow_embedding(runner.model.get_input_embeddings())
         self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
         self._prior_step_ms = self.budget.step_cost(1)
         self._draft_ms = None  # running mean of one draft forward
@@ -129,7 +134,7 @@ class EagleDrafter(Drafter):
         return self.max_nodes + 1
 
     def describe(self) -> dict:
-        out = {"name": self.name, "top_k": self.top_k, "max_depth": self.max_depth,
+        out = {"name": self.name, "branching": self.top_k, "max_depth": self.max_depth,
                "max_nodes": self.max_nodes}
         if self.draft is not None:
             c = self.draft.config

@@ -234,10 +234,16 @@ class EagleDraftModel(nn.Module):
         """``[..., 3 Ht]`` captured target states -> ``[..., H]`` hidden vectors."""
         return self.fc(features)
 
+    def borrow_embedding(self, embedding: nn.Module) -> None:
+        """Embed tokens with the target's own embedding (not registered as a submodule: the
+        draft's ``to()`` and ``state_dict()`` never touch the target's weights)."""
+        self.__dict__["_borrowed_embedding"] = embedding
+
     def embed(self, tokens: Tensor) -> Tensor:
-        if self.embed_tokens is None:
+        table = self.embed_tokens or self.__dict__.get("_borrowed_embedding")
+        if table is None:
             raise ValueError("the draft has no token embedding: bind it to its target first")
-        return self.embed_tokens(tokens).to(self.fc.weight.dtype)
+        return table(tokens).to(self.fc.weight.dtype)
 
     def project(self, hidden: Tensor, tokens: Tensor, positions: Tensor):
         """Queries, keys and values of rows ``(hidden, tokens)`` at ``positions``.
@@ -394,7 +400,7 @@ def load_eagle(folder, target_num_layers: int | None = None) -> EagleDraftModel:
     embed = weights.pop("embed_tokens.weight", None)
     if embed is not None:
         model.embed_tokens = nn.Embedding.from_pretrained(embed.float(), freeze=True)
-    own = model.state_dict()
+    own = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens")}
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))
     if missing or unexpected:

@@ -148,6 +148,8 @@ class Engine:
         self.runner = ModelRunner(model, cpu_kernels=cpu_kernels)
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
+        # Bound first: a drafter may learn its capture points from the target or its files.
+        self.drafter.bind(self.runner, tokenizer)
         try:
             self.features = FeatureSpec.of(self.drafter.target_features)
             if self.features is not None:
@@ -156,7 +158,6 @@ class Engine:
             raise ValueError(f"drafter {self.drafter.name!r}: {error}") from None
         if self.features is not None:
             self.runner.decoder_parts()  # the capture points must be reachable
-        self.drafter.bind(self.runner, tokenizer)
 
     def run(
         self,

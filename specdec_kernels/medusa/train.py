@@ -238,7 +238,12 @@ def run_training(args, log=print) -> Path:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     data = Path(args.data)
-    records = load_cache(data / "first") + load_cache(data / "second")
+    if any(data.glob("*/chunk_*.safetensors")):  # the shared self-distillation cache
+        from specdec_kernels.training.selfdistill import DataCache
+
+        records = DataCache.load(data).medusa_records()
+    else:
+        records = load_cache(data / "first") + load_cache(data / "second")
     if not records:
         raise SystemExit(f"no cached data under {data} (run the data phase first)")
     train, test = split_records(records, args.held_out, args.seed)
@@ -393,6 +398,9 @@ def add_subcommand(subparsers) -> None:
     add_train_arguments(p)
     p.add_argument("--skip-data", action="store_true", help="train on the cache as it is")
     p.set_defaults(func=_run_subcommand)
+    from specdec_kernels.training.eagle import add_subcommand as add_eagle
+
+    add_eagle(kinds)
 
 
 def _run_subcommand(args) -> int:

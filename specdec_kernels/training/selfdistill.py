@@ -197,6 +197,23 @@ class DataCache:
         train = [i for i in range(self.num_sequences) if i not in test]
         return train, sorted(test)
 
+    def medusa_records(self) -> list:
+        """The answers as Medusa training records (``specdec train medusa`` on this cache):
+        per answer, ``tokens`` (the prompt's last token, then the answer) and ``features``
+        (float16: row ``j`` the final-norm state whose logits gave ``tokens[j]``)."""
+        hidden = self.features.shape[1] // len(self.layers)
+        columns = self.point_slice("final_norm", hidden)
+        records = []
+        for i in range(self.num_sequences):
+            start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+            first = start + max(int(self.prompt_lens[i]) - 1, 1)
+            records.append({
+                "tokens": self.tokens[first:end].tolist(),
+                "features": self.features[first - 1 : end - 1, columns].to(torch.float16),
+                "sampled": bool(self.sampled[i]),
+            })
+        return records
+
     def point_slice(self, point, hidden: int) -> slice:
         """Columns of ``features`` holding capture point ``point``."""
         index = [str(p) for p in self.layers].index(str(point))
