@@ -23,7 +23,7 @@ from python_tests.test_decoding_sampling import (
 from specdec_kernels.decoding import generate
 from specdec_kernels.decoding.drafter import NoDrafter
 from specdec_kernels.decoding.eagle import EagleDrafter, default_eagle_path
-from specdec_kernels.decoding.eagle_model import (
+from specdec_kernels.eagle.model import (
     EagleConfig,
     EagleDraftModel,
     load_eagle,

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
-from specdec_kernels.decoding.eagle_model import EagleDraftModel, load_eagle
+from specdec_kernels.eagle.model import EagleDraftModel, load_eagle
 from specdec_kernels.decoding.runner import FeatureSpec
 
 __all__ = ["DEFAULT_EAGLE", "EagleDrafter", "default_eagle_path"]
@@ -71,7 +71,7 @@ class EagleDrafter(Drafter):
     ----------
     eagle_draft : EagleDraftModel, str, Path or None
         The draft network, a folder in the published EAGLE-3 layout
-        (:func:`~specdec_kernels.decoding.eagle_model.load_eagle`), or ``None`` for the
+        (:func:`~specdec_kernels.eagle.model.load_eagle`), or ``None`` for the
         drafter shipped for the default model.
     branching : int
         Nodes expanded per depth, and children per expanded node.
@@ -125,6 +125,14 @@ class EagleDrafter(Drafter):
         if draft.embed_tokens is None:
             draft.borrow_embedding(runner.model.get_input_embeddings())
         self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        # Weight-read share of one draft forward in a one-token target step (what a forward
+        # costs where steps are memory bound, e.g. a GPU): the projection's draft cost.
+        own = sum(p.numel() for p in draft.parameters() if p.dim() > 1)
+        embed = runner.model.get_input_embeddings().weight
+        target = sum(p.numel() for p in runner.model.parameters())
+        if runner.model.get_output_embeddings().weight is embed:
+            target += embed.numel()  # tied: the LM head reads the embedding matrix again
+        self._forward_fraction = own / max(target - embed.numel(), 1)
         self._prior_step_ms = self.budget.step_cost(1)
         self._draft_ms = None  # running mean of one draft forward
         self._propose_ms = None  # running mean of a whole propose
@@ -139,6 +147,9 @@ class EagleDrafter(Drafter):
         if self.draft is not None:
             c = self.draft.config
             out.update(draft_vocab=c.draft_vocab_size, capture_layers=list(c.capture_layers))
+        if self.budget is not None:
+            # Draft cost per step as a share of c(1), at most max_depth forwards a step.
+            out["head_cost_fraction"] = round(self.max_depth * self._forward_fraction, 5)
         return out
 
     def report(self) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from specdec_kernels.decoding.eagle_model import EagleConfig, EagleDraftModel, save_eagle
+from specdec_kernels.eagle.model import EagleConfig, EagleDraftModel, save_eagle
 from specdec_kernels.training.selfdistill import DataCache
 
 __all__ = ["add_subcommand", "draft_vocabulary", "evaluate", "ttt_loss"]
@@ -297,6 +297,7 @@ def run_training(args, log=print) -> Path:
                  "train_sequences": len(train), "held_out_sequences": len(test),
                  "generation_tokens": gen_tokens, "generation_seconds": round(gen_seconds),
                  "generation_tokens_per_second": round(gen_tokens / max(gen_seconds, 1e-9), 1),
+                 "chunks_used": len(generation),
                  **{k: manifest[k] for k in manifest if k not in ("chunks",)}},
         "training": {"epochs": args.epochs, "steps": args.steps, "lr": args.lr,
                      "tokens_per_batch": args.tokens_per_batch, "max_len": args.max_len,
@@ -326,7 +327,12 @@ def describe(config: EagleConfig) -> str:
         "",
         f"Made by `{info.get('command')}`.",
         "",
-        f"Data (`python3 -m specdec_kernels.training.selfdistill`, not committed): "
+        "Data (not committed; made in resumable pieces, each under the heavy-job lock, by "
+        f"`python3 -m specdec_kernels.training.selfdistill --data DATA --first-prompts "
+        f"{data.get('first_prompts')} --second-prompts {data.get('second_prompts')} "
+        f"--max-new-tokens {data.get('max_new_tokens')} --batch-size {data.get('batch_size')} "
+        f"--sampled-fraction {data.get('sampled_fraction')} --time-budget 420`, stopped after "
+        f"{data.get('chunks_used')} chunks): "
         f"{data.get('sequences')} answers of the frozen target ({data.get('answer_tokens')} "
         f"answer tokens; {data.get('train_sequences')} train / {data.get('held_out_sequences')}"
         f" held-out sequences), generated at {data.get('generation_tokens_per_second')} "
