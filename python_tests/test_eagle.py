@@ -105,13 +105,32 @@ def test_feature_spec_rejects_bad_points(tiny):
         FeatureSpec(("final_norm",), prompt_rows="some")
 
 
+def test_recorder_features_equal_one_forward_over_prompt_and_answer(tiny):
+    """The self-distillation data: the states recorded while decoding (prompt rows after the
+    prefill, one row per step) are those of one forward over prompt + answer."""
+    from specdec_kernels.training.selfdistill import FeatureRecorder
+
+    recorder = FeatureRecorder((1, 3, "final_norm"))
+    prompts = [[3, 9, 4, 1, 7], [5, 2, 8]]
+    out = generate(tiny, prompts, drafter=recorder, max_new_tokens=6, eos_token_id=[],
+                   temperature=[0.0, 1.0], seed=[0, 1])
+    for prompt, answer, got in zip(prompts, out.tokens, recorder.per_request()):
+        seq = prompt + answer
+        last = _layer_output(tiny, seq, 3)
+        with torch.no_grad():
+            want = torch.cat([_layer_output(tiny, seq, 1), last, tiny.model.norm(last)], -1)
+        assert got.shape[0] == len(seq) - 1  # the last token never ran through the target
+        torch.testing.assert_close(got.float(), want[:-1].to(torch.bfloat16).float(),
+                                   rtol=2e-2, atol=2e-2)
+
+
 # ---------------------------------------------------------------------------- training-time test
 
 
 @pytest.mark.parametrize("steps", [1, 3])
 def test_unrolled_training_matches_step_by_step_drafting(tiny, steps):
     draft = random_draft(tiny, 40, seed=3)
-    draft.borrow_embedding(tiny.get_input_embeddings())
+    draft.bind_target(tiny)
     n = 9
     torch.manual_seed(5)
     feats = torch.randn(1, n, 3 * tiny.config.hidden_size)
@@ -124,15 +143,15 @@ def test_unrolled_training_matches_step_by_step_drafting(tiny, steps):
                 root = t - k
                 pos = torch.arange(root + 1)[None]
                 hidden = draft.fuse(feats[:, : root + 1])
-                q, keys, values = draft.project(hidden, nxt[:, : root + 1], pos)
+                q, keys, values, res = draft.project(hidden, nxt[:, : root + 1], pos)
                 mask = torch.ones(1, root + 1, root + 1, dtype=torch.bool).tril()
-                out = draft.finish(hidden, draft.attend(q, keys, values, mask))[:, -1:]
+                out = draft.finish(res, draft.attend(q, keys, values, mask))[:, -1:]
                 for j in range(1, k + 1):  # the chain: the draft feeds on its own output
                     p = torch.tensor([[root + j]])
-                    q, kj, vj = draft.project(out, nxt[:, root + j : root + j + 1], p)
+                    q, kj, vj, res = draft.project(out, nxt[:, root + j : root + j + 1], p)
                     keys, values = torch.cat([keys, kj], 2), torch.cat([values, vj], 2)
                     visible = torch.ones(1, 1, keys.shape[2], dtype=torch.bool)
-                    out = draft.finish(out, draft.attend(q, keys, values, visible))
+                    out = draft.finish(res, draft.attend(q, keys, values, visible))
                 torch.testing.assert_close(unrolled[k][0, t], draft.logits(out)[0, 0],
                                            rtol=1e-4, atol=1e-4)
 
@@ -284,6 +303,31 @@ def test_published_checkpoint_loads_and_drafts(tiny, tmp_path, layout):
     assert drafter.draft.config.capture_layers == default_points
     assert torch.equal(drafter.draft.draft_ids, draft.draft_ids)
     # The same network as the one written: identical draft logits.
+    x = torch.randn(1, 3, 32)
+    torch.testing.assert_close(drafter.draft.logits(x), draft.logits(x))
+
+
+def test_published_eagle1_checkpoint_loads_and_drafts(tiny, tmp_path):
+    """An EAGLE-1/2 checkpoint (fc over [embedding, final-norm state] with bias, layers.0.*
+    without an input norm, the target's LM head): loads, drafts, keeps greedy identity."""
+    from specdec_kernels.eagle.model import Eagle1DraftModel, _eagle1_config
+
+    config = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 8, "intermediate_size": 64, "vocab_size": 64,
+              "rms_norm_eps": tiny.config.rms_norm_eps, "rope_theta": 10000.0, "bias": True}
+    torch.manual_seed(8)
+    draft = Eagle1DraftModel(_eagle1_config(config))
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.2)
+    weights = {k.replace("midlayer.", "layers.0."): v for k, v in draft.state_dict().items()}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.save(weights, str(tmp_path / "pytorch_model.bin"))
+    drafter = EagleDrafter(str(tmp_path), max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    out = generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=12, eos_token_id=[])
+    assert out.tokens[0] == hf_greedy(tiny, PROMPT, 12)
+    assert drafter.target_features == FeatureSpec(("final_norm",), prompt_rows="all")
+    draft.bind_target(tiny)
     x = torch.randn(1, 3, 32)
     torch.testing.assert_close(drafter.draft.logits(x), draft.logits(x))
 

@@ -122,8 +122,7 @@ class EagleDrafter(Drafter):
         draft = self.draft
         draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
         draft.to(device=runner.device, dtype=torch.float32).eval()
-        if draft.embed_tokens is None:
-            draft.borrow_embedding(runner.model.get_input_embeddings())
+        draft.bind_target(runner.model)
         self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
         # Weight-read share of one draft forward in a one-token target step (what a forward
         # costs where steps are memory bound, e.g. a GPU): the projection's draft cost.
@@ -187,11 +186,11 @@ class EagleDrafter(Drafter):
         ``[B, N, S]`` over the cache's first ``S`` rows. Returns the pre-norm outputs."""
         t0 = time.perf_counter()
         draft = self.draft
-        q, k, v = draft.project(hidden, tokens, positions)
+        q, k, v, residual = draft.project(hidden, tokens, positions)
         self._write(rows, k, v)
         width = mask.shape[-1]
         attended = draft.attend(q, self.keys[:, :, :width], self.values[:, :, :width], mask)
-        out = draft.finish(hidden, attended)
+        out = draft.finish(residual, attended)
         ms = (time.perf_counter() - t0) * 1e3
         self._draft_ms = ms if self._draft_ms is None else 0.9 * self._draft_ms + 0.1 * ms
         return out

@@ -20,10 +20,13 @@ vocabulary) and optionally ``embed_tokens.weight`` (else the target's embedding 
 Published layer ids name the hidden state *entering* decoder layer ``i`` (the output of layer
 ``i - 1``); this package's capture points name layer outputs, so point = id - 1. Files written
 here add a ``specdec`` block to the config (what the drafter was trained for and how).
+EAGLE-1/2 checkpoints (``fc`` over ``2 H`` with bias, ``layers.0.*``, no head of their own) load
+as :class:`Eagle1DraftModel` and run on the target's final-norm state and LM head.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-__all__ = ["EagleConfig", "EagleDraftModel", "load_eagle", "save_eagle"]
+__all__ = ["Eagle1DraftModel", "EagleConfig", "EagleDraftModel", "load_eagle", "save_eagle"]
 
 
 @dataclass
@@ -48,11 +51,14 @@ class EagleConfig:
         Rows of the draft head.
     target_hidden_size : int
         Width of one captured target hidden state (``fc`` reads three of them).
-    capture_layers : tuple of int
-        Target decoder layers whose outputs are fused (low, middle, high).
+    capture_layers : tuple
+        Target decoder layers whose outputs are fused (low, middle, high); ``("final_norm",)``
+        for an EAGLE-1 draft.
     rms_norm_eps, rope_theta : float
     info : dict
         What the drafter was trained for and how (the config's ``specdec`` block).
+    kind : str
+        ``"eagle3"`` or ``"eagle1"`` (:class:`Eagle1DraftModel`).
     """
 
     hidden_size: int
@@ -67,6 +73,7 @@ class EagleConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     info: dict = field(default_factory=dict)
+    kind: str = "eagle3"
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, capture_layers) -> "EagleConfig":
@@ -169,11 +176,16 @@ class _RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+@functools.lru_cache(maxsize=8)
+def _inverse_frequencies(dim: int, theta: float, device) -> Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+
+
 def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotary embedding (Llama's half-split convention) of ``x`` ``[B, heads, N, D]`` at
     ``positions`` ``[B, N]``."""
     dim = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    inv = _inverse_frequencies(dim, float(theta), x.device)
     angles = positions.to(torch.float32)[..., None] * inv  # [B, N, D/2]
     emb = torch.cat([angles, angles], -1)[:, None]  # [B, 1, N, D]
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -234,10 +246,11 @@ class EagleDraftModel(nn.Module):
         """``[..., 3 Ht]`` captured target states -> ``[..., H]`` hidden vectors."""
         return self.fc(features)
 
-    def borrow_embedding(self, embedding: nn.Module) -> None:
-        """Embed tokens with the target's own embedding (not registered as a submodule: the
-        draft's ``to()`` and ``state_dict()`` never touch the target's weights)."""
-        self.__dict__["_borrowed_embedding"] = embedding
+    def bind_target(self, model) -> None:
+        """Borrow what the draft shares with its target (the token embedding, unless the
+        draft has its own), without registering it as a submodule: the draft's ``to()`` and
+        ``state_dict()`` never touch the target's weights."""
+        self.__dict__["_borrowed_embedding"] = model.get_input_embeddings()
 
     def embed(self, tokens: Tensor) -> Tensor:
         table = self.embed_tokens or self.__dict__.get("_borrowed_embedding")
@@ -261,6 +274,8 @@ class EagleDraftModel(nn.Module):
         -------
         q, k, v : Tensor
             ``[B, heads, N, D]``, ``[B, kv_heads, N, D]`` twice (RoPE applied to q and k).
+        residual : Tensor
+            ``[B, N, H]`` what the layer's output adds to (:meth:`finish`).
         """
         layer, c = self.midlayer, self.config
         x = torch.cat([layer.input_layernorm(self.embed(tokens)), layer.hidden_norm(hidden)], -1)
@@ -269,14 +284,14 @@ class EagleDraftModel(nn.Module):
         q = attn.q_proj(x).view(b, n, c.num_heads, c.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v, hidden
 
-    def finish(self, hidden: Tensor, attended: Tensor) -> Tensor:
+    def finish(self, residual: Tensor, attended: Tensor) -> Tensor:
         """The rest of the layer: ``attended`` ``[B, heads, N, D]`` (attention output) with
-        the residual ``hidden`` ``[B, N, H]`` -> ``[B, N, H]`` pre-norm output."""
+        the ``residual`` ``[B, N, H]`` of :meth:`project` -> ``[B, N, H]`` pre-norm output."""
         layer = self.midlayer
         b, _, n, _ = attended.shape
-        out = hidden + layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
+        out = residual + layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
         mlp = layer.mlp
         x = layer.post_attention_layernorm(out)
         return out + mlp.down_proj(nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
@@ -288,11 +303,10 @@ class EagleDraftModel(nn.Module):
     def attend(self, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
         """Attention of ``q`` ``[B, heads, N, D]`` over ``keys``/``values``
         ``[B, kv_heads, S, D]`` under the boolean ``mask`` ``[B, N, S]`` (True: visible)."""
-        group = self.config.num_heads // self.config.num_kv_heads
-        if group > 1:
-            keys = keys.repeat_interleave(group, 1)
-            values = values.repeat_interleave(group, 1)
-        return nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])
+        return nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask[:, None],
+            enable_gqa=self.config.num_heads != self.config.num_kv_heads,
+        )
 
     # ------------------------------------------------------------------ checks
 
@@ -309,7 +323,7 @@ class EagleDraftModel(nn.Module):
                 f"the EAGLE draft was trained for a vocabulary of {c.vocab_size} tokens; this "
                 f"target's has {vocab_size}"
             )
-        bad = [i for i in c.capture_layers if not 0 <= i < num_layers]
+        bad = [i for i in c.capture_layers if isinstance(i, int) and not 0 <= i < num_layers]
         if bad:
             raise ValueError(f"the EAGLE draft reads target layers {list(c.capture_layers)}; "
                              f"this target has {num_layers}")
@@ -356,6 +370,76 @@ def _read_weights(folder: Path) -> dict:
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
 
 
+class Eagle1DraftModel(EagleDraftModel):
+    """An EAGLE-1 (and EAGLE-2) draft, as the EAGLE repository publishes them: ``fc`` over
+    ``[embedding of the next token, the target's final-norm state]`` (``2 H -> H``, with bias),
+    one Llama decoder layer without its input norm (``layers.0.*``), and the *target's* LM head
+    on the layer's output (no norm, the whole vocabulary). Its features are the final norm's.
+    Runs under :class:`~specdec_kernels.decoding.eagle.EagleDrafter` like an EAGLE-3 draft."""
+
+    def __init__(self, config: EagleConfig, bias: bool = True):
+        nn.Module.__init__(self)
+        c = config
+        self.config = c
+        h, hd = c.hidden_size, c.head_dim
+        self.fc = nn.Linear(2 * h, h, bias=bias)
+        layer = nn.Module()
+        attn = nn.Module()
+        attn.q_proj = nn.Linear(h, c.num_heads * hd, bias=False)
+        attn.k_proj = nn.Linear(h, c.num_kv_heads * hd, bias=False)
+        attn.v_proj = nn.Linear(h, c.num_kv_heads * hd, bias=False)
+        attn.o_proj = nn.Linear(c.num_heads * hd, h, bias=False)
+        layer.self_attn = attn
+        layer.post_attention_layernorm = _RMSNorm(h, c.rms_norm_eps)
+        mlp = nn.Module()
+        mlp.gate_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        mlp.up_proj = nn.Linear(h, c.intermediate_size, bias=False)
+        mlp.down_proj = nn.Linear(c.intermediate_size, h, bias=False)
+        layer.mlp = mlp
+        self.midlayer = layer
+        self.embed_tokens = None
+        self.register_buffer("draft_ids", torch.arange(c.vocab_size), persistent=False)
+
+    def fuse(self, features: Tensor) -> Tensor:
+        return features
+
+    def bind_target(self, model) -> None:
+        super().bind_target(model)
+        self.__dict__["_borrowed_head"] = model.get_output_embeddings()
+
+    def project(self, hidden: Tensor, tokens: Tensor, positions: Tensor):
+        c = self.config
+        x = self.fc(torch.cat([self.embed(tokens), hidden], -1))
+        b, n, _ = x.shape
+        attn = self.midlayer.self_attn
+        q = attn.q_proj(x).view(b, n, c.num_heads, c.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, n, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v, x
+
+    def logits(self, output: Tensor) -> Tensor:
+        head = self.__dict__.get("_borrowed_head")
+        if head is None:
+            raise ValueError("an EAGLE-1 draft uses its target's LM head: bind it first")
+        return head(output.to(head.weight.dtype)).float()
+
+
+def _eagle1_config(data: dict) -> EagleConfig:
+    heads = int(data["num_attention_heads"])
+    hidden = int(data["hidden_size"])
+    rope = data.get("rope_parameters") or {}
+    return EagleConfig(
+        hidden_size=hidden, num_heads=heads,
+        num_kv_heads=int(data.get("num_key_value_heads") or heads),
+        head_dim=int(data.get("head_dim") or hidden // heads),
+        intermediate_size=int(data["intermediate_size"]), vocab_size=int(data["vocab_size"]),
+        draft_vocab_size=int(data["vocab_size"]), target_hidden_size=hidden,
+        capture_layers=("final_norm",), rms_norm_eps=float(data.get("rms_norm_eps", 1e-5)),
+        rope_theta=float(data.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        kind="eagle1",
+    )
+
+
 def load_eagle(folder, target_num_layers: int | None = None) -> EagleDraftModel:
     """An EAGLE-3 draft from a folder in the published layout (see the module notes).
 
@@ -364,20 +448,23 @@ def load_eagle(folder, target_num_layers: int | None = None) -> EagleDraftModel:
     FileNotFoundError
         No ``config.json`` or weights in ``folder``.
     ValueError
-        A config or weights this network cannot run (shapes, missing tensors, an EAGLE-1
-        checkpoint).
+        A config or weights this network cannot run (shapes, missing tensors, maps that
+        disagree).
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no EAGLE draft at {folder} (config.json missing)")
     data = json.loads((folder / "config.json").read_text())
-    config = EagleConfig.from_json(data, target_num_layers)
     weights = {k.replace("layers.0.", "midlayer.").removeprefix("model."): v
                for k, v in _read_weights(folder).items()}
+    fc = weights.get("fc.weight")
+    if fc is not None and "hidden_size" in data and fc.shape[1] == 2 * int(data["hidden_size"]):
+        return _load_eagle1(data, weights)
+    config = EagleConfig.from_json(data, target_num_layers)
     if "fc.weight" in weights and weights["fc.weight"].shape[1] != 3 * config.target_hidden_size:
         raise ValueError(
             f"fc.weight reads {weights['fc.weight'].shape[1]} features; an EAGLE-3 draft reads "
-            f"3 x {config.target_hidden_size} (an EAGLE-1 checkpoint is not supported)"
+            f"3 x {config.target_hidden_size}, an EAGLE-1 draft 2 x {config.hidden_size}"
         )
     vd = config.draft_vocab_size
     if "d2t" in weights:
@@ -400,6 +487,22 @@ def load_eagle(folder, target_num_layers: int | None = None) -> EagleDraftModel:
     embed = weights.pop("embed_tokens.weight", None)
     if embed is not None:
         model.embed_tokens = nn.Embedding.from_pretrained(embed.float(), freeze=True)
+    return _fill(model, weights)
+
+
+def _load_eagle1(data: dict, weights: dict) -> "Eagle1DraftModel":
+    for key in ("num_attention_heads", "intermediate_size", "vocab_size"):
+        if key not in data:
+            raise ValueError(f"EAGLE config.json lacks {key!r}")
+    model = Eagle1DraftModel(_eagle1_config(data), bias="fc.bias" in weights)
+    embed = weights.pop("embed_tokens.weight", None)
+    if embed is not None:
+        model.embed_tokens = nn.Embedding.from_pretrained(embed.float(), freeze=True)
+    return _fill(model, weights)
+
+
+def _fill(model: EagleDraftModel, weights: dict) -> EagleDraftModel:
+    """Load ``weights`` into ``model``, every tensor present and of its shape."""
     own = {k: v for k, v in model.state_dict().items() if not k.startswith("embed_tokens")}
     missing = sorted(set(own) - set(weights))
     unexpected = sorted(set(weights) - set(own))

@@ -144,7 +144,7 @@ def ttt_forward(draft: EagleDraftModel, feats: Tensor, tokens: Tensor, steps: in
     for k in range(steps):
         if k:
             hidden = _shift(outputs[-1], 1)
-        q, key, value = draft.project(hidden, next_tokens, positions)
+        q, key, value, residual = draft.project(hidden, next_tokens, positions)
         key = key.repeat_interleave(group, 1)
         value = value.repeat_interleave(group, 1)
         keys.append(key)
@@ -160,7 +160,7 @@ def ttt_forward(draft: EagleDraftModel, feats: Tensor, tokens: Tensor, steps: in
         attended = weights[..., :n] @ values[0]
         for j in range(1, k + 1):
             attended = attended + weights[..., n + j - 1 : n + j] * _shift(values[j], k - j, 2)
-        outputs.append(draft.finish(hidden, attended))
+        outputs.append(draft.finish(residual, attended))
     return [draft.logits(o) for o in outputs]
 
 
@@ -227,7 +227,7 @@ def run_training(args, log=print) -> Path:
     else:
         draft_ids = draft_vocabulary(cache, train, args.draft_vocab, vocab)
     draft = EagleDraftModel(EagleConfig.for_target(config, len(draft_ids), capture), draft_ids)
-    draft.borrow_embedding(target.get_input_embeddings())
+    draft.bind_target(target)
     teacher = target.get_output_embeddings().weight.detach()[draft_ids].float()
     params = list(draft.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
