@@ -407,8 +407,16 @@ class EagleDrafter(Drafter):
         raise IndexError(j)
 
     def _rate(self, key: tuple, q: float) -> float:
+        """Measured acceptance of nodes like this one; the prior is the draft's own
+        probability (the middle of the node's bucket), replaced by evidence as it comes."""
         prophet, depth, rank = key
-        self.stats.priors.setdefault(prophet, q if not prophet.endswith("sampled") else 0.5)
+        if prophet not in self.stats.priors:
+            if prophet.endswith("sampled"):
+                self.stats.priors[prophet] = 0.5
+            else:
+                b = _bucket(q)
+                low = _BUCKETS[b - 1] if b else 0.0
+                self.stats.priors[prophet] = (low + min(_BUCKETS[b], 1.0)) / 2
         return self.stats.rate(prophet, depth, rank)
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:

@@ -59,7 +59,8 @@ class FeatureSpec:
         if isinstance(value, (str, int)):
             value = (value,)
         if not isinstance(value, (tuple, list)) or not value:
-            raise ValueError(f"target features must be a FeatureSpec or capture points, got {value!r}")
+            raise ValueError(
+                f"target features must be a FeatureSpec or capture points, got {value!r}")
         return cls(tuple(value))
 
     def __post_init__(self):
@@ -391,7 +392,8 @@ class ModelRunner:
                 pieces.append(out[1])
             elif want_features:  # a list's last token sits in the last chunk it reaches
                 ran = torch.tensor([len(t) > 0 for t in part], device=self.device)
-                features = out[1] if features is None else torch.where(ran[:, None], out[1], features)
+                features = (out[1] if features is None
+                            else torch.where(ran[:, None], out[1], features))
             done += sum(len(t) for t in part)
             if progress is not None:
                 progress(done, total)

@@ -1,5 +1,6 @@
-"""The EAGLE-3 draft network and its files: what :class:`~specdec_kernels.decoding.eagle.EagleDrafter`
-runs and what ``specdec train eagle`` writes (no training code here).
+"""The EAGLE-3 draft network and its files: what
+:class:`~specdec_kernels.decoding.eagle.EagleDrafter` runs and what ``specdec train eagle``
+writes (no training code here).
 
 The network (Li et al., EAGLE-3): the target's hidden states at three capture points (low,
 middle, high decoder layers) are fused by ``fc`` into one hidden vector; one decoder layer of
@@ -128,7 +129,8 @@ class EagleConfig:
             if key not in data:
                 raise ValueError(f"EAGLE config.json lacks {key!r}")
         if data.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"EAGLE drafts with hidden_act {data['hidden_act']!r} are not supported")
+            raise ValueError(
+                f"EAGLE drafts with hidden_act {data['hidden_act']!r} are not supported")
         if int(data.get("num_hidden_layers", 1)) != 1:
             raise ValueError("only one-layer EAGLE-3 drafts are supported "
                              f"(num_hidden_layers={data['num_hidden_layers']})")

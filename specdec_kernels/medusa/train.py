@@ -293,7 +293,7 @@ def run_training(args, log=print) -> Path:
         "held_out_rows": len(y_test),
         "draft_vocab_coverage": coverage,
         "data": {"answers": len(records), "tokens": tokens, "train_rows": len(y_train),
-                 **{k: manifest[k] for k in manifest if k != "seconds_this_run"}},
+                 **{k: manifest[k] for k in manifest if k not in ("seconds_this_run", "chunks")}},
         "training": {"projection": args.projection, "soft_targets": not args.hard_labels,
                      "epochs": args.epochs, "lr": args.lr, "batch": args.batch,
                      "decay": args.decay, "weight_decay": args.weight_decay,

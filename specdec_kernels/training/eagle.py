@@ -235,11 +235,14 @@ def run_training(args, log=print) -> Path:
             for b in batches(cache, train, args.tokens_per_batch, args.max_len, args.seed + e)]
     total_steps = len(plan)
     warmup = max(1, int(0.03 * total_steps))
-    schedule = lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * s / total_steps)))  # noqa: E731
+    def schedule(s: int) -> float:  # linear warm-up, then cosine decay
+        return min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * s / total_steps)))
+
     if resumed:
         draft.load_state_dict(state["model"], strict=False)
         opt.load_state_dict(state["optimizer"])
-        done, history, seconds = int(state["done"]), json.loads(state["history"]), float(state["seconds"])
+        done, seconds = int(state["done"]), float(state["seconds"])
+        history = json.loads(state["history"])
     else:
         init_from_target(draft, target)
         done, history, seconds = 0, [], 0.0
@@ -351,7 +354,8 @@ def describe(config: EagleConfig) -> str:
 
 def add_train_arguments(p) -> None:
     p.add_argument("--out", required=True, help="folder for the drafter")
-    p.add_argument("--work", help="folder of the resumable training state (default DATA/eagle-train)")
+    p.add_argument("--work",
+                   help="folder of the resumable training state (default DATA/eagle-train)")
     p.add_argument("--draft-vocab", type=int, default=4096,
                    help="draft head over the N most frequent answer tokens")
     p.add_argument("--steps", type=int, default=3, help="unrolled training-time-test steps")
