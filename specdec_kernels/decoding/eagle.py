@@ -332,6 +332,13 @@ class EagleDrafter(Drafter):
         counts = [t.shape[1] for t in nodes["token"]]
         depths = [d for d, n in zip(nodes["depth"], counts) for _ in range(n)]
         ranks = [j % self.top_k for n in counts for j in range(n)]
+        considered = None
+        if not sampling:
+            # Only the best candidates by draft score can be kept (scores fall along a path,
+            # so this set holds every member's ancestors): the rest skip the host loop.
+            scores = torch.cat(nodes["score"], 1)
+            count = min(2 * self.max_nodes, scores.shape[1])
+            considered = [set(row) for row in scores.topk(count, -1).indices.tolist()]
         trees, labels = [], []
         for b in range(batch):
             limit = max(state.remaining[b] - 1, 0) if has_root[b] else 0
@@ -340,7 +347,7 @@ class EagleDrafter(Drafter):
             cond, label = [1.0], [None]
             for j in range(len(tokens[b])):
                 depth = depths[j]
-                if depth > limit:
+                if depth > limit or (considered is not None and j not in considered[b]):
                     cond.append(0.0)
                     label.append(None)
                     continue
