@@ -9,7 +9,12 @@ import json
 import pytest
 import torch
 
-from python_tests.decoding_helpers import dev_prompts, hf_greedy, tiny_model
+from python_tests.decoding_helpers import (
+    assert_same_or_near_tie,
+    dev_prompts,
+    hf_greedy,
+    tiny_model,
+)
 from python_tests.test_decoding_sampling import (
     CONFIGS,
     NEW,
@@ -360,8 +365,32 @@ def test_shipped_drafter_greedy_identity_batch_1_and_4(loaded):
     for p, w in zip(prompts, want):
         out = generate(loaded, [p], drafter="eagle", max_new_tokens=NEW_TOKENS)
         assert out.tokens[0] == w
+        assert_same_or_near_tie(loaded.model, p, out.tokens[0],
+                                hf_greedy(loaded.model, p, NEW_TOKENS),
+                                what="eagle vs HF generate")
         forwards += out.stats.target_forwards
         emitted += out.stats.new_tokens
     assert emitted / forwards > 1.5
     out = generate(loaded, prompts, drafter="eagle", max_new_tokens=NEW_TOKENS)
     assert out.tokens == want
+
+
+@pytest.mark.default_model
+def test_cli_generate_with_eagle_and_a_bad_option(capsys, loaded):
+    from specdec_kernels import cli
+
+    assert cli.main(["generate", "--drafter", "eagle", "--branching", "4", "--max-new-tokens",
+                     "6", "--json", "Count: one two three, one two three,"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == "eagle" and len(out["tokens"][0]) == 6
+    assert cli.main(["generate", "--drafter", "medusa", "--branching", "4", "hi"]) == 2
+    assert "--branching does not apply" in capsys.readouterr().err
+
+
+def test_cli_lists_train_eagle(capsys):
+    from specdec_kernels import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "eagle", "--help"])
+    text = capsys.readouterr().out
+    assert "--draft-vocab" in text and "--steps" in text and "--time-budget" in text
