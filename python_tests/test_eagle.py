@@ -13,6 +13,7 @@ from python_tests.decoding_helpers import (
     assert_same_or_near_tie,
     dev_prompts,
     hf_greedy,
+    random_eagle,
     tiny_model,
 )
 from python_tests.test_decoding_sampling import (
@@ -43,18 +44,7 @@ CAPTURE = (0, 1, 2)
 
 
 def random_draft(target, draft_vocab=None, *, seed=0, std=0.2):
-    vocab = int(target.config.vocab_size)
-    torch.manual_seed(seed)
-    ids = None
-    size = vocab
-    if draft_vocab is not None:
-        ids = torch.randperm(vocab)[:draft_vocab].sort().values
-        size = draft_vocab
-    draft = EagleDraftModel(EagleConfig.for_target(target.config, size, CAPTURE), ids)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.normal_(0, std)
-    return draft
+    return random_eagle(target, draft_vocab, seed=seed, std=std, capture=CAPTURE)
 
 
 @pytest.fixture(scope="module")
