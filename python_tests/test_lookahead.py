@@ -279,7 +279,7 @@ def test_lookahead_rejects_bad_parameters(kwargs, message):
 
 @pytest.mark.parametrize("value", [0, -2, 1.5])
 def test_jacobi_rejects_bad_parameters(value):
-    with pytest.raises(ValueError, match="num_guesses must be an int >= 1"):
+    with pytest.raises(ValueError, match="num_guesses must be (>= 1|an integer)"):
         JacobiDrafter(value)
 
 

@@ -171,9 +171,10 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
     if all(isinstance(x, str) for x in inputs):
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer (pass tokenizer=...)")
+        from specdec_kernels.data import check_prompt_texts
         from specdec_kernels.models import encode_prompts
 
-        return encode_prompts(tokenizer, inputs, chat_template=chat_template)
+        return encode_prompts(tokenizer, check_prompt_texts(inputs), chat_template=chat_template)
     tensor_devices = {x.device for x in inputs if isinstance(x, torch.Tensor)}
     if len(tensor_devices) > 1:
         names = ", ".join(sorted(str(d) for d in tensor_devices))
@@ -334,7 +335,8 @@ def generate(
     Raises
     ------
     ValueError
-        Empty prompts, ``max_new_tokens < 1``, a prompt that with ``max_new_tokens`` exceeds
+        Empty prompts (a text prompt that is blank too: the chat template alone makes the
+        model produce generic text), ``max_new_tokens < 1``, a prompt that with ``max_new_tokens`` exceeds
         the model's context (unless ``truncate_prompt``), bad sampling parameters, prompts on
         another device than the model, token ids outside the vocabulary, or a draft model
         whose tokenizer differs from the target's.

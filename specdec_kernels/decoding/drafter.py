@@ -68,7 +68,53 @@ if TYPE_CHECKING:
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.decoding.step import SamplingParams
 
-__all__ = ["ChainProposal", "DecodeState", "Drafter", "ExtraRows", "StepOutcome", "TreeProposal"]
+__all__ = [
+    "MAX_BLOCK_WIDTH",
+    "MAX_CHAIN_DRAFTS",
+    "ChainProposal",
+    "DecodeState",
+    "Drafter",
+    "ExtraRows",
+    "StepOutcome",
+    "TreeProposal",
+    "check_size",
+]
+
+#: The widest block (pending token included) one verification forward may hold, whatever
+#: the drafter. Verifying is one target forward over the block, and past a few dozen tokens
+#: its cost grows with the width (the shipped CPU curve: 128 tokens cost 5.8 one-token steps),
+#: while the published methods verify at most ~120 per step (Medusa 64 nodes, EAGLE-2 60,
+#: lookahead's 7B GPU setting 120). Checked before anything is allocated.
+MAX_BLOCK_WIDTH = 256
+
+#: The most tokens a chain drafter that runs a model per token (a draft model, the target's
+#: first layers, its int8 copy) drafts in one step: each is a forward, and all K are
+#: accepted with probability a**K; at K = 64 even a draft that agrees 95% of the time gets
+#: its whole chain accepted 4% of the time.
+MAX_CHAIN_DRAFTS = 64
+
+
+def check_size(name: str, value, low: int, high: int, why: str = "") -> int:
+    """``value`` when it is an int in ``[low, high]``; otherwise a ``ValueError`` that names
+    ``name``, the limits and, for the upper one, ``why``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}" + (f" ({why})" if why else ""))
+    return value
+
+
+#: The reason given when a drafter's options make its block wider than MAX_BLOCK_WIDTH.
+BLOCK_LIMIT_REASON = (
+    f"a verification block holds at most MAX_BLOCK_WIDTH = {MAX_BLOCK_WIDTH} tokens: past a "
+    "few dozen, verifying costs more than the drafts can save"
+)
+CHAIN_LIMIT_REASON = (
+    f"MAX_CHAIN_DRAFTS = {MAX_CHAIN_DRAFTS}: every draft token is one draft forward per step "
+    "and a long chain is almost never accepted whole"
+)
 
 
 @dataclass

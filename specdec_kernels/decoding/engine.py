@@ -29,6 +29,8 @@ import torch
 
 from specdec_kernels.decoding import step
 from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     ChainProposal,
     DecodeState,
     Drafter,
@@ -158,6 +160,12 @@ class Engine:
             raise ValueError(f"drafter {self.drafter.name!r}: {error}") from None
         if self.features is not None:
             self.runner.decoder_parts()  # the capture points must be reachable
+        width = self.drafter.max_block_width()
+        if width > MAX_BLOCK_WIDTH:  # before the cache is sized by it
+            raise ValueError(
+                f"drafter {self.drafter.name!r} asks for blocks of {width} tokens; "
+                f"{BLOCK_LIMIT_REASON}"
+            )
 
     def run(
         self,

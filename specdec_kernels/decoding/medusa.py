@@ -29,7 +29,15 @@ from torch import Tensor
 
 from specdec_kernels.decoding import step
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    ChainProposal,
+    DecodeState,
+    Drafter,
+    TreeProposal,
+    check_size,
+)
 
 __all__ = [
     "DEFAULT_HEADS",
@@ -201,22 +209,33 @@ def choose_tree(
 # ---------------------------------------------------------------------------- drafters
 
 
+def _as_heads(heads):
+    """``MedusaHeads`` from heads, a folder, or ``None`` (the shipped heads)."""
+    from specdec_kernels.medusa.heads import MedusaHeads, load_heads
+
+    if heads is None:
+        heads = load_default_heads()
+    elif isinstance(heads, (str, Path)):
+        heads = load_heads(heads)
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
+    return heads
+
+
 class _HeadsDrafter(Drafter):
     """Shared part of the Medusa and blockwise drafters: heads, their cost, the structure."""
 
     target_features = "final_norm"
 
     def __init__(self, heads=None, *, tree=None, cost_curve=None, max_nodes: int = 64):
-        from specdec_kernels.medusa.heads import MedusaHeads, load_heads
-
-        if heads is None:
-            heads = load_default_heads()
-        elif isinstance(heads, (str, Path)):
-            heads = load_heads(heads)
-        if not isinstance(heads, MedusaHeads):
-            raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
-        if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        heads = _as_heads(heads)
+        check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
+        if tree is not None and not isinstance(tree, TreeChoice):
+            tree = TreeChoice(tree)
+        if tree is not None and tree.size > MAX_BLOCK_WIDTH:
+            raise ValueError(f"the tree has {tree.size} nodes; {BLOCK_LIMIT_REASON}")
+        if tree is not None and tree.depth > heads.num_heads:
+            raise ValueError(f"the tree is {tree.depth} deep; the heads guess {heads.num_heads}")
         self.heads = heads.eval()
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
@@ -252,8 +271,7 @@ class _HeadsDrafter(Drafter):
         _, _, self._lm_head = runner.decoder_parts()
         self._head_fraction = self.head_cost_fraction(runner)
         if self._given_tree is not None:
-            tree = self._given_tree
-            self.tree = tree if isinstance(tree, TreeChoice) else TreeChoice(tree)
+            self.tree = self._given_tree
         else:
             curve = StepCost.load(self.cost_curve)
             self.tree = choose_tree(
@@ -417,10 +435,10 @@ class BlockwiseDrafter(_HeadsDrafter):
 
     def __init__(self, heads=None, *, num_draft: int | None = None, cost_curve=None,
                  max_nodes: int = 64):
-        tree = None
-        if num_draft is not None:
-            if num_draft < 1:
-                raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+        heads, tree = _as_heads(heads), None
+        if num_draft is not None:  # checked before the chain is built
+            check_size("num_draft", num_draft, 1, heads.num_heads,
+                       f"the heads guess {heads.num_heads} tokens ahead")
             tree = [(0,) * d for d in range(1, num_draft + 1)]
         super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
 

@@ -38,11 +38,14 @@ from __future__ import annotations
 
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
 from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     ChainProposal,
     DecodeState,
     Drafter,
     StepOutcome,
     TreeProposal,
+    check_size,
 )
 from specdec_kernels.tree import Tree, stack_trees
 
@@ -293,8 +296,7 @@ class MultiDrafter(Drafter):
             raise ValueError("drafters: give at least one drafter to merge")
         if not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError("drafters: every entry must be a Drafter")
-        if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         kinds = {d.target_features for d in drafters} - {None}
         if len(kinds) > 1:
             raise ValueError(f"drafters: they ask for different target features {sorted(kinds)}")

@@ -7,9 +7,20 @@ runs, and the cost per step is a few microseconds."""
 from __future__ import annotations
 
 from specdec_kernels.decoding import step
-from specdec_kernels.decoding.drafter import DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    DecodeState,
+    Drafter,
+    TreeProposal,
+    check_size,
+)
 
-__all__ = ["NgramIndex", "PromptLookupDrafter"]
+__all__ = ["MAX_NGRAM", "NgramIndex", "PromptLookupDrafter"]
+
+#: The longest suffix n-gram indexed: every size up to it costs a dictionary entry per token
+#: of every request, and a match this long already picks the continuation.
+MAX_NGRAM = 64
 
 
 class NgramIndex:
@@ -110,6 +121,11 @@ class PromptLookupDrafter(Drafter):
         max_branches: int = 2,
         max_nodes: int = 16,
     ):
+        check_size("max_ngram", max_ngram, 1, MAX_NGRAM,
+                   f"MAX_NGRAM = {MAX_NGRAM}: each size indexed costs memory per token")
+        for name, value in (("max_depth", max_depth), ("short_depth", short_depth),
+                            ("max_branches", max_branches), ("max_nodes", max_nodes)):
+            check_size(name, value, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if min(max_depth, short_depth, max_branches, max_nodes, strong_ngram) < 1:

@@ -137,11 +137,32 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_gguf_file(path: Path) -> None:
+    """Raise ``ValueError`` naming ``path`` unless ``gguf``'s reader opens it whole (its
+    header, and tensor data for every tensor the header lists). A file cut short, e.g. by an
+    interrupted download, is reported as truncated."""
+    import gguf
+
+    size = path.stat().st_size
+    try:
+        gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as error:
+        if "cannot reshape array" in str(error):  # a tensor's data runs past the end
+            raise ValueError(
+                f"{path} is truncated: its header lists tensor data past the end of the file "
+                f"({size} bytes); download or copy it again"
+            ) from None
+        raise ValueError(
+            f"{path} is not a readable GGUF file (truncated or corrupt, {size} bytes: {error})"
+        ) from None
+
+
 def _ensure_converted(gguf_path: Path) -> Path:
     target = converted_gguf_dir(gguf_path)
     if not (target / _COMPLETE_MARKER).is_file():
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)  # left over from an interrupted run
+        check_gguf_file(gguf_path)
         _convert_gguf(gguf_path, target)
     return target
 

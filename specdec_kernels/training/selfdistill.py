@@ -35,6 +35,7 @@ __all__ = [
     "FeatureRecorder",
     "default_capture_layers",
     "generate_chunk",
+    "is_feature_cache",
 ]
 
 
@@ -121,6 +122,13 @@ def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_
     path.with_suffix(".json").write_text(json.dumps(meta))
     tmp.rename(path)  # the chunk exists only once whole
     return meta
+
+
+def is_feature_cache(folder) -> bool:
+    """Whether ``folder`` is a cache of this module (its manifest names the capture points),
+    not a Medusa-only cache of :mod:`specdec_kernels.medusa.data`."""
+    manifest = Path(folder) / "manifest.json"
+    return manifest.is_file() and "layers" in json.loads(manifest.read_text())
 
 
 @dataclass
