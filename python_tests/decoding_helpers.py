@@ -172,3 +172,19 @@ def random_heads(hidden, vocab, num_heads=3, layers=1, *, seed=0, std=0.3, **kwa
         for p in heads.parameters():
             p.normal_(0, std)
     return heads
+
+
+def random_eagle(target, draft_vocab=None, *, seed=0, std=0.2, capture=(0, 1, 2)):
+    """An EAGLE-3 draft sized for ``target`` with normal(0, ``std``) weights, seeded (a draft
+    vocabulary of ``draft_vocab`` random ids when given)."""
+    from specdec_kernels.eagle import EagleConfig, EagleDraftModel
+
+    vocab = int(target.config.vocab_size)
+    torch.manual_seed(seed)
+    ids = None if draft_vocab is None else torch.randperm(vocab)[:draft_vocab].sort().values
+    size = vocab if draft_vocab is None else draft_vocab
+    draft = EagleDraftModel(EagleConfig.for_target(target.config, size, capture), ids)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, std)
+    return draft

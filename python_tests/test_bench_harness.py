@@ -156,6 +156,7 @@ def test_bench_batches_leave_out_hf_assisted(tmp_path, capsys):
         "hf-generate", "ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
         "ours-lookahead", "ours-jacobi", "ours-medusa", "ours-blockwise", "ours-retrieval",
         "ours-quantized-self", "ours-token-recycling", "ours-suffix", "ours-multi",
+        "ours-eagle",
     }
     groups = {tuple(m["question_ids"]) for m in result["measurements"]}
     assert sorted(len(g) for g in groups) == [1, 2]

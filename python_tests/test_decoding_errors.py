@@ -89,7 +89,8 @@ def test_token_ids_outside_the_vocabulary(model):
         (dict(min_p=1.0), r"min_p must be in \[0, 1\)"),
         (dict(seed=[1, 2, 3]), "seed has 3 entries for 2 requests"),
         (dict(stop_strings=["x"]), "stop_strings need a tokenizer"),
-        (dict(drafter="eagle"), "unknown drafter 'eagle'"),
+        (dict(drafter="hydra"), "unknown drafter 'hydra'"),
+        (dict(drafter="eagle"), "EAGLE draft was trained for a target of hidden size 576"),
         (dict(drafter="draft-model"), "needs draft_model"),
     ],
 )

@@ -23,7 +23,13 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import specdec_kernels
-from python_tests.decoding_helpers import default_model, random_heads, tiny_model, truncated_copy
+from python_tests.decoding_helpers import (
+    default_model,
+    random_eagle,
+    random_heads,
+    tiny_model,
+    truncated_copy,
+)
 from specdec_kernels import cli
 from specdec_kernels.decoding import DRAFTER_NAMES, Engine, StopCriteria, make_drafter
 from specdec_kernels.sampling import SamplingParams
@@ -80,13 +86,15 @@ def drafter_options(name, draft):
         return {"datastore": tiny_datastore()}
     if name == "multi":
         return {"heads": random_heads(32, 64), "datastore": tiny_datastore()}
+    if name == "eagle":  # reads layers 0..2 of the 3-layer target (the draft model's config)
+        return {"eagle_draft": random_eagle(draft)}
     return {}
 
 
 def drafter_kwargs(name, draft):
     """``generate`` keywords naming the drafter; head and retrieval drafters go as objects
     (``generate`` builds named ones with the shipped heads and datastore)."""
-    if name in ("medusa", "blockwise", "retrieval", "multi"):
+    if name in ("medusa", "blockwise", "retrieval", "multi", "eagle"):
         return {"drafter": make_drafter(name, **drafter_options(name, draft))}
     return {"drafter": name, **drafter_options(name, draft)}
 

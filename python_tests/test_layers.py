@@ -14,8 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec_kernels"
 LAYERS = [
     ["types", "sampling", "tree", "data", "_C", "_build_config"],  # plain data
     ["ops", "reference"],  # the kernels' typed wrappers and their specification
-    ["models", "compat"],  # adapters: Hugging Face models, other engines' signatures
+    ["models", "compat", "eagle"],  # adapters and drafter networks: HF models, other
+    # engines' signatures, the EAGLE draft network and its published file formats
     ["decoding"],  # the decoding loop and its drafters
+    ["training"],  # builders of drafter assets: they decode with the target to make data
     ["hf", "cli", "bench", "demo", "__init__"],  # what users call
 ]
 # medusa/ and retrieval/ hold drafter assets (below decoding) beside the builders of those

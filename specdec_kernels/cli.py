@@ -63,6 +63,7 @@ DRAFTER_OPTIONS = {
     "suffix": ("max_depth", "depth_per_match", "min_match", "max_nodes", "max_branches",
                "cost_curve"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
+    "eagle": ("eagle_draft", "branching", "max_depth", "max_nodes", "cost_curve"),
 }
 
 
@@ -164,6 +165,11 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--depth-per-match", type=in_interval(0, float("inf"), open_low=True,
                                                           open_high=True),
                    help="suffix: a match of m tokens drafts at most this times m deep (3.0)")
+    g = parser.add_argument_group("eagle (EAGLE-3 draft on the target's features)")
+    g.add_argument("--eagle-draft", help="EAGLE-3 folder (ours or the published layout); "
+                   "default: the one shipped for the default model")
+    g.add_argument("--branching", type=positive, help="eagle: nodes expanded per depth and "
+                   "children per expanded node (--max-depth, --max-nodes bound the tree)")
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "
@@ -214,7 +220,7 @@ def _add_generate(subparsers) -> None:
         choices=[
             "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
             "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix",
-            "multi",
+            "multi", "eagle",
         ],
     )
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")

@@ -44,6 +44,7 @@ DEFAULT_METHODS = [
     "ours-token-recycling",
     "ours-suffix",
     "ours-multi",
+    "ours-eagle",
 ]
 
 
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> dict:
             names = [n for n in names if n not in ("ours-medusa", "ours-blockwise", "ours-multi")]
         if not args.datastore:
             names = [n for n in names if n not in ("ours-retrieval", "ours-multi")]
+        if not args.eagle_draft:
+            names = [n for n in names if n != "ours-eagle"]
     if args.batch_size > 1:
         batch_one = [n for n in names if n in BATCH_ONE_METHODS]
         if args.methods and batch_one:

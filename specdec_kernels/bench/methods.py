@@ -270,6 +270,7 @@ METHOD_DESCRIPTIONS = {
     "ours-suffix": "ours, suffix automaton of the context (and of earlier outputs, repeated task)",
     "ours-multi": "ours, prompt lookup + suffix + token recycling + retrieval + Medusa heads, "
                   "merged into one budgeted tree",
+    "ours-eagle": "ours, EAGLE-3 draft on the target's features (shipped), EAGLE-2 dynamic tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
     "llama-cpp": "llama.cpp (llama-cpp-python) on the same GGUF file, plain",
@@ -290,6 +291,7 @@ METHOD_DRAFTERS = {
     "ours-token-recycling": "token-recycling",
     "ours-suffix": "suffix",
     "ours-multi": "multi",
+    "ours-eagle": "eagle",
 }
 
 #: The methods that need a draft model.
@@ -459,6 +461,9 @@ def build_methods(
         ),
         "ours-multi": lambda: ours(
             "ours-multi", lambda: make_drafter("multi", **multi_options), multi_memory
+        ),
+        "ours-eagle": lambda: ours(
+            "ours-eagle", lambda: make_drafter("eagle", **options.get("eagle", {}))
         ),
         "ours-draft-model": lambda: ours(
             "ours-draft-model",

@@ -30,6 +30,7 @@ from specdec_kernels.decoding.drafter import (
     TreeProposal,
 )
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
+from specdec_kernels.decoding.eagle import EagleDrafter
 from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 from specdec_kernels.decoding.multi import MultiDrafter
 from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
@@ -39,7 +40,7 @@ from specdec_kernels.decoding.token_recycling import TokenRecyclingDrafter
 from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
 from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
-from specdec_kernels.decoding.runner import ModelRunner
+from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
 from specdec_kernels.decoding.stats import RequestStats, RunStats
 
@@ -55,9 +56,11 @@ __all__ = [
     "DecodeState",
     "DraftModelDrafter",
     "Drafter",
+    "EagleDrafter",
     "Engine",
     "EngineOutput",
     "ExtraRows",
+    "FeatureSpec",
     "Generation",
     "GenerationOutput",
     "JacobiDrafter",

@@ -22,6 +22,7 @@ __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 DRAFTER_NAMES = (
     "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
     "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix", "multi",
+    "eagle",
 )
 
 #: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, the suffix
@@ -72,8 +73,9 @@ def make_drafter(
         ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target),
         ``"token-recycling"`` (the target's own recent top-k per token), ``"suffix"`` (the
         context's longest earlier match; ``memory=SuffixMemory(...)`` adds earlier requests'
-        outputs) or ``"multi"`` (``prophets=`` merged into one budgeted tree; default
-        :data:`DEFAULT_PROPHETS`).
+        outputs), ``"multi"`` (``prophets=`` merged into one budgeted tree; default
+        :data:`DEFAULT_PROPHETS`) or ``"eagle"`` (the EAGLE-3 drafter shipped for the default
+        model unless ``eagle_draft=...``).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
@@ -99,6 +101,10 @@ def make_drafter(
         from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
 
         return (MedusaDrafter if name == "medusa" else BlockwiseDrafter)(**options)
+    if name == "eagle":
+        from specdec_kernels.decoding.eagle import EagleDrafter
+
+        return EagleDrafter(**options)
     if name == "retrieval":
         from specdec_kernels.decoding.retrieval import RetrievalDrafter
 

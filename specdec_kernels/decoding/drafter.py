@@ -23,16 +23,22 @@ whole block from that same forward (``[:, T:]`` are the extra rows'), with
 builds the rows of a lookahead window; any other pattern can be packed with
 :func:`specdec_kernels.tree.pack_tree_mask`.
 
-**Target features** (:attr:`Drafter.target_features`). A drafter that sets it to
-``"final_norm"`` is handed the target's final-norm hidden states (the input of the LM head) of
-every request's *accepted rows*, taken from the verification forward itself: no second
-forward, no extra device read, no change to the model (a forward hook on the decoder's final
-norm, installed for the duration of the engine's own forwards). After the prefill the rows are
-the prompt's last prefilled row (whose logits predict the pending token); after each step they
-are the accepted path, pending token first. They sit in :attr:`DecodeState.features`
-(``[B, R, H]``) with :attr:`DecodeState.feature_counts` (``[B]``, valid rows per request);
-:meth:`DecodeState.last_features` gives the row whose logits produced each request's pending
-token, which is what Medusa-style heads read. Drafters that do not ask pay nothing.
+**Target features** (:attr:`Drafter.target_features`). A drafter that sets it is handed
+hidden states of the target at the capture points it names, for every request's *accepted
+rows*, taken from the verification forward itself: no second forward, no extra device read,
+no change to the model (forward hooks on the capture points, installed for the duration of
+the engine's own forwards). It is a :class:`~specdec_kernels.decoding.runner.FeatureSpec`, or
+its shorthand: ``"final_norm"`` (the final norm's output, the LM head's input: Medusa-style
+heads) or a tuple of points such as ``(2, 15, 27)`` (decoder layers' outputs, concatenated:
+EAGLE-3's low, middle and high features). After the prefill the rows are the prompt's last
+prefilled row (whose logits predict the pending token), or every prefilled row when the spec
+says ``prompt_rows="all"`` (a drafter that keeps its own KV cache over the target's features
+prefills from them); after each step they are the accepted path, pending token first. They
+sit in :attr:`DecodeState.features` (``[B, R, W]``, ``W`` = points x hidden size) with
+:attr:`DecodeState.feature_counts` (``[B]``, valid rows per request); row ``j`` of a request
+belongs to the token at position ``starts_before + j`` of its context (its logits predict the
+token after it). :meth:`DecodeState.last_features` gives the row whose logits produced each
+request's pending token. Drafters that do not ask pay nothing.
 
 **Acceptance rule** (:attr:`Proposal.acceptance`). A proposal is a block, the same for chains
 and trees (:meth:`Proposal.block`: the tokens, pending token first, and their parents, ``-2`` on
@@ -163,10 +169,11 @@ class DecodeState:
     remaining : list of int
         New tokens each request may still emit.
     features : Tensor, optional
-        ``[B, R, H]`` target features of the rows accepted by the last forward (the prefill's
-        last row, or a step's accepted path, pending token first); only for drafters that
-        set :attr:`Drafter.target_features`. Rows ``>= feature_counts[b]`` are meaningless.
-        A request whose prompt had a single token (nothing prefilled) starts with zeros.
+        ``[B, R, W]`` target features of the rows accepted by the last forward (the prefill's
+        last row or all its rows, or a step's accepted path, pending token first); only for
+        drafters that set :attr:`Drafter.target_features`. Rows ``>= feature_counts[b]`` are
+        meaningless. A request whose prompt had a single token (nothing prefilled) starts
+        with zeros (one row, or none with ``prompt_rows="all"``).
     feature_counts : Tensor, optional
         ``[B]`` int64 valid rows of ``features`` per request (on the device).
     """
@@ -403,9 +410,10 @@ class Drafter:
     first_draft_prior: float | None = None
 
     #: Target features the drafter reads (see the module's doorways): ``None`` (default,
-    #: nothing is captured) or ``"final_norm"`` (the final norm's output of accepted rows, in
-    #: :attr:`DecodeState.features`).
-    target_features: str | None = None
+    #: nothing is captured), ``"final_norm"`` (the final norm's output of accepted rows, in
+    #: :attr:`DecodeState.features`), a tuple of capture points (decoder-layer indices and
+    #: ``"final_norm"``) or a :class:`~specdec_kernels.decoding.runner.FeatureSpec`.
+    target_features = None
 
     def bind(self, runner: "ModelRunner", tokenizer) -> None:
         """Check the drafter can serve this target (raise ``ValueError`` otherwise)."""

@@ -13,9 +13,9 @@ its stop condition, so the concatenation of what it receives is exactly the requ
 Before the first step the target has seen each prompt but its last token, which becomes the
 request's *pending* token (emitted, K/V not yet cached): the first step verifies drafts too.
 
-A drafter that asks for target features (``Drafter.target_features``) gets the final-norm
-hidden states of the accepted rows out of the same forward, gathered on the device (see
-:mod:`~specdec_kernels.decoding.drafter`).
+A drafter that asks for target features (``Drafter.target_features``: the final norm, or
+chosen decoder layers) gets those hidden states of the accepted rows out of the same forward,
+gathered on the device (see :mod:`~specdec_kernels.decoding.drafter`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from specdec_kernels.decoding.drafter import (
     Proposal,
     StepOutcome,
 )
-from specdec_kernels.decoding.runner import FEATURE_KINDS, ModelRunner
+from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
 from specdec_kernels.sampling import SamplingParams
 from specdec_kernels.tree import PAD_PARENT
@@ -151,15 +151,16 @@ class Engine:
         self.runner = ModelRunner(model, cpu_kernels=cpu_kernels)
         self.drafter = drafter if drafter is not None else NoDrafter()
         self.tokenizer = tokenizer
-        self.features = self.drafter.target_features
-        if self.features is not None:
-            if self.features not in FEATURE_KINDS:
-                raise ValueError(
-                    f"drafter {self.drafter.name!r} asks for target features "
-                    f"{self.features!r}; the engine provides {FEATURE_KINDS}"
-                )
-            self.runner.decoder_parts()  # the final norm must be reachable
+        # Bound first: a drafter may learn its capture points from the target or its files.
         self.drafter.bind(self.runner, tokenizer)
+        try:
+            self.features = FeatureSpec.of(self.drafter.target_features)
+            if self.features is not None:
+                self.features.resolve(self.runner.num_layers)
+        except ValueError as error:
+            raise ValueError(f"drafter {self.drafter.name!r}: {error}") from None
+        if self.features is not None:
+            self.runner.decoder_parts()  # the capture points must be reachable
         width = self.drafter.max_block_width()
         if width > MAX_BLOCK_WIDTH:  # before the cache is sized by it
             raise ValueError(
@@ -232,9 +233,16 @@ class Engine:
         prefill = [p[:-1] for p in prompts]
         want = self.features is not None
         last = self.runner.prefill(
-            cache, prefill, progress=prefill_progress, want_features=want
+            cache, prefill, progress=prefill_progress, want_features=self.features or False
         )
-        features = last[:, None] if want else None
+        counts = None
+        if want and self.features.prompt_rows == "all":  # every prefilled row, ragged
+            counts = torch.tensor([len(p) for p in prefill], dtype=torch.int64)
+            if last.shape[1] == 0:  # one-token prompts only: one zero row to gather from
+                last = last.new_zeros(batch, 1, last.shape[2])
+            features = last
+        else:
+            features = last[:, None] if want else None
         state = DecodeState(
             runner=self.runner,
             cache=cache,
@@ -248,7 +256,10 @@ class Engine:
         )
         if features is not None:
             state.features = features
-            state.feature_counts = torch.ones(batch, dtype=torch.int64, device=device)
+            state.feature_counts = (
+                torch.ones(batch, dtype=torch.int64, device=device) if counts is None
+                else counts.to(device, non_blocking=True)
+            )
         self.drafter.start(state)
         stats.prefill_seconds = time.perf_counter() - t_start
         return Generation(
@@ -356,12 +367,12 @@ class Engine:
 
     def _forward(self, state: DecodeState, tokens, parents, extra):
         """The target's logits over the block then its extra rows (run with the block, never
-        verified: drafter.ExtraRows), and the final-norm features when the drafter asks."""
+        verified: drafter.ExtraRows), and the target features the drafter asks for."""
         if extra is not None:
             tokens = torch.cat([tokens, extra.tokens], 1)
         want = self.features is not None
         out = self.runner.forward(state.cache, tokens, state.cache.host_lens, parents,
-                                  extra=extra, features=want)
+                                  extra=extra, features=self.features or False)
         return out if want else (out, None)
 
     def _commit(self, state: DecodeState, verdict: Verdict, hidden) -> None:

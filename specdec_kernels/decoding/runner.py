@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -21,10 +22,73 @@ from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
 from specdec_kernels.models.hf_compat import cache_kwargs
 from specdec_kernels.models.hf_tree_attention import ATTENTION_NAME, register_tree_attention
 
-__all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "ModelRunner"]
+__all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "FeatureSpec", "ModelRunner"]
 
-#: Target features a drafter may ask for (``Drafter.target_features``).
+#: Named capture points a drafter may ask for besides decoder-layer indices
+#: (``Drafter.target_features``).
 FEATURE_KINDS = ("final_norm",)
+
+#: Which prefilled rows' features reach the drafter after the prefill.
+PROMPT_ROWS = ("last", "all")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Target features a drafter reads: hidden states at chosen points of the target's
+    forward, concatenated along the last dimension in the order given.
+
+    Attributes
+    ----------
+    layers : tuple of int or str
+        Capture points: ``"final_norm"`` (the final norm's output, the LM head's input) or an
+        int ``i``, the output of decoder layer ``i`` (0-based; negative counts from the end).
+    prompt_rows : str
+        ``"last"``: after the prefill the drafter gets the last prefilled row only (whose
+        logits predict the pending token); ``"all"``: every prefilled row (a drafter with its
+        own KV cache over the target's features prefills from them).
+    """
+
+    layers: tuple = ("final_norm",)
+    prompt_rows: str = "last"
+
+    @classmethod
+    def of(cls, value) -> "FeatureSpec | None":
+        """``None``, a :class:`FeatureSpec`, ``"final_norm"``, or a sequence of points."""
+        if value is None or isinstance(value, FeatureSpec):
+            return value
+        if isinstance(value, (str, int)):
+            value = (value,)
+        if not isinstance(value, (tuple, list)) or not value:
+            raise ValueError(
+                f"target features must be a FeatureSpec or capture points, got {value!r}")
+        return cls(tuple(value))
+
+    def __post_init__(self):
+        if not self.layers:
+            raise ValueError("target features: give at least one capture point")
+        bad = [p for p in self.layers
+               if not (isinstance(p, int) and not isinstance(p, bool)) and p not in FEATURE_KINDS]
+        if bad:
+            raise ValueError(
+                f"target features {bad!r} unknown; the engine provides decoder-layer indices "
+                f"and {FEATURE_KINDS}"
+            )
+        if self.prompt_rows not in PROMPT_ROWS:
+            raise ValueError(f"prompt_rows must be one of {PROMPT_ROWS}, got {self.prompt_rows!r}")
+
+    def resolve(self, num_layers: int) -> tuple:
+        """The capture points with layer indices made non-negative (checked)."""
+        out = []
+        for p in self.layers:
+            if isinstance(p, int):
+                if not -num_layers <= p < num_layers:
+                    raise ValueError(
+                        f"target features ask for decoder layer {p}; the target has "
+                        f"{num_layers} layers"
+                    )
+                p = p % num_layers
+            out.append(p)
+        return tuple(out)
 
 #: Prompts longer than this are prefilled in chunks of this many tokens: the block's masks
 #: and attention grow with (chunk x prefix) instead of (prompt x prompt), and progress can be
@@ -118,7 +182,7 @@ class ModelRunner:
         extra=None,
         last_logits_only: bool = False,
         exit_layer: int | None = None,
-        features: bool = False,
+        features: "FeatureSpec | bool" = False,
     ):
         """Run a block of ``T`` tokens per request placed after each request's prefix.
 
@@ -142,15 +206,17 @@ class ModelRunner:
             Stop before decoder layer ``exit_layer`` and apply the final norm and the LM
             head to its input: the model's first ``exit_layer`` layers as a draft model
             (layer skip). Only layers ``< exit_layer`` write the cache.
-        features : bool
-            Also return the final norm's output over the block (the LM head's input), read
-            by a forward hook on the norm during this forward only (not with ``exit_layer``).
+        features : FeatureSpec or bool
+            Also return the target features of every block row (``True``: the final norm's
+            output, the LM head's input), read by forward hooks on the capture points during
+            this forward only (not with ``exit_layer``).
 
         Returns
         -------
         Tensor or (Tensor, Tensor)
             ``[B, T, V]`` logits (``[B, 1, V]`` with ``last_logits_only``); with ``features``
-            also ``[B, T, H]`` final-norm hidden states of every block row.
+            also ``[B, T, P * H]`` hidden states of every block row at the ``P`` capture
+            points, concatenated.
         """
         batch, width = tokens.shape
         cpu_kernels = self._use_cpu_kernels()
@@ -166,8 +232,9 @@ class ModelRunner:
         kwargs.update(cache_kwargs(self.model, cache))
         if features and exit_layer is not None:
             raise ValueError("features are the full model's: not available with exit_layer")
+        spec = FeatureSpec() if features is True else (features or None)
         captured = {}
-        hook = self._capture_norm(captured) if features else contextlib.nullcontext()
+        hook = self._capture(spec, captured) if spec else contextlib.nullcontext()
         linear = SmallBatchLinear() if cpu_kernels else contextlib.nullcontext()
         with linear, hook:
             if exit_layer is not None:
@@ -180,29 +247,44 @@ class ModelRunner:
             logits = self.model(**kwargs).logits
         if last_logits_only:
             logits = logits[:, -1:].contiguous()
-        if features:
+        if spec:
             return logits, captured["hidden"]
         return logits
 
     @contextlib.contextmanager
-    def _capture_norm(self, captured: dict):
-        """Record the final norm's output of the forward run inside the block."""
-        _, norm, _ = self.decoder_parts()
+    def _capture(self, spec: FeatureSpec, captured: dict):
+        """Record the outputs of the capture points of ``spec`` during the forward run inside
+        the block, concatenated into ``captured["hidden"]``."""
+        layers, norm, _ = self.decoder_parts()
+        points = spec.resolve(len(layers))
+        outputs: dict = {}
+        handles = []
+        for point in dict.fromkeys(points):
+            module = norm if point == "final_norm" else layers[point]
 
-        def record(module, args, output):
-            captured["hidden"] = output
+            def record(module, args, output, point=point):
+                outputs[point] = output[0] if isinstance(output, tuple) else output
 
-        handle = norm.register_forward_hook(record)
+            handles.append(module.register_forward_hook(record))
         try:
             yield
         finally:
-            handle.remove()
-        if "hidden" not in captured:
-            raise RuntimeError("the final norm did not run in the target's forward")
+            for handle in handles:
+                handle.remove()
+        missing = [p for p in points if p not in outputs]
+        if missing:
+            raise RuntimeError(f"capture points {missing} did not run in the target's forward")
+        parts = [outputs[p] for p in points]
+        captured["hidden"] = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+    def feature_width(self, spec: "FeatureSpec | bool") -> int:
+        """Width of the features ``spec`` captures (``P * hidden_size``)."""
+        spec = FeatureSpec() if spec is True else spec
+        return len(spec.layers) * int(self.config.hidden_size)
 
     def append(
         self, cache: KVCache, token_lists: list, *, want_logits: bool = False,
-        want_features: bool = False,
+        want_features: "FeatureSpec | bool" = False,
     ):
         """Run ragged lists of known tokens after each request's prefix and commit them.
 
@@ -230,11 +312,13 @@ class ModelRunner:
         """
         counts = [len(t) for t in token_lists]
         width = max(counts, default=0)
+        spec = FeatureSpec() if want_features is True else (want_features or None)
+        all_rows = spec is not None and spec.prompt_rows == "all"
         if width == 0:
-            if want_features:
-                hidden = int(self.config.hidden_size)
+            if spec is not None:
+                shape = (len(token_lists), 0) if all_rows else (len(token_lists),)
                 return None, torch.zeros(
-                    len(token_lists), hidden, dtype=self.dtype, device=self.device
+                    *shape, self.feature_width(spec), dtype=self.dtype, device=self.device
                 )
             return None
         block = torch.zeros(len(token_lists), width, dtype=torch.int64)
@@ -245,13 +329,13 @@ class ModelRunner:
         uniform = min(counts) == width
         out = self.forward(
             cache, block, starts, last_logits_only=not want_logits or uniform,
-            features=want_features,
+            features=spec or False,
         )
-        logits, hidden = out if want_features else (out, None)
+        logits, hidden = out if spec is not None else (out, None)
         cache.extend(counts)
         last = torch.tensor([max(c - 1, 0) for c in counts]).to(self.device, non_blocking=True)
         rows = torch.arange(len(counts), device=self.device)
-        if hidden is not None:
+        if hidden is not None and not all_rows:
             hidden = hidden[rows, last]
             if min(counts) == 0:  # nothing was run for empty lists
                 ran = torch.tensor([c > 0 for c in counts]).to(self.device, non_blocking=True)
@@ -260,11 +344,11 @@ class ModelRunner:
             logits = logits[:, -1] if uniform else logits[rows, last]
         else:
             logits = None
-        return (logits, hidden) if want_features else logits
+        return (logits, hidden) if spec is not None else logits
 
     def prefill(
         self, cache: KVCache, token_lists: list, *, chunk_size: int | None = None, progress=None,
-        want_features: bool = False,
+        want_features: "FeatureSpec | bool" = False,
     ):
         """:meth:`append` ragged lists of prompt tokens in chunks of at most ``chunk_size``
         tokens per request (one forward when every list fits in one chunk).
@@ -279,14 +363,15 @@ class ModelRunner:
         progress : callable, optional
             ``progress(done, total)`` in tokens of all requests: called before the first
             chunk and after each one, when there are several.
-        want_features : bool
-            Return the final-norm hidden state of each list's last token (zeros for empty
-            lists), see :meth:`append`.
+        want_features : FeatureSpec or bool
+            Return the target features of each list's last token (zeros for empty lists), or
+            of all its rows (``prompt_rows == "all"``), see :meth:`append`.
 
         Returns
         -------
         Tensor or None
-            ``[B, H]`` features with ``want_features``, else ``None``.
+            ``[B, W]`` (last rows) or ``[B, max(len), W]`` (all rows) features with
+            ``want_features``, else ``None``.
         """
         chunk = PREFILL_CHUNK_TOKENS if chunk_size is None else chunk_size
         if chunk < 1:
@@ -296,17 +381,24 @@ class ModelRunner:
             out = self.append(cache, token_lists, want_features=want_features)
             return out[1] if want_features else None
         total, done, features = sum(len(t) for t in token_lists), 0, None
+        all_rows = isinstance(want_features, FeatureSpec) and want_features.prompt_rows == "all"
         if progress is not None:
             progress(0, total)
+        pieces = []
         for begin in range(0, longest, chunk):
             part = [t[begin : begin + chunk] for t in token_lists]
             out = self.append(cache, part, want_features=want_features)
-            if want_features:  # a list's last token sits in the last chunk it reaches
+            if all_rows:
+                pieces.append(out[1])
+            elif want_features:  # a list's last token sits in the last chunk it reaches
                 ran = torch.tensor([len(t) > 0 for t in part], device=self.device)
-                features = out[1] if features is None else torch.where(ran[:, None], out[1], features)
+                features = (out[1] if features is None
+                            else torch.where(ran[:, None], out[1], features))
             done += sum(len(t) for t in part)
             if progress is not None:
                 progress(done, total)
+        if all_rows:
+            features = torch.cat(pieces, 1)
         return features
 
     def decoder_parts(self):

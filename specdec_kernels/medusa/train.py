@@ -237,12 +237,16 @@ def run_training(args, log=print) -> Path:
     from specdec_kernels.medusa.data import load_cache
     from specdec_kernels.medusa.heads import MedusaHeads
     from specdec_kernels.models import load_model
+    from specdec_kernels.training.selfdistill import DataCache, is_feature_cache
 
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     data = Path(args.data)
-    records = load_cache(data / "first") + load_cache(data / "second")
+    if is_feature_cache(data):  # the shared self-distillation cache (specdec train eagle's)
+        records = DataCache.load(data).medusa_records()
+    else:
+        records = load_cache(data / "first") + load_cache(data / "second")
     if not records:
         raise SystemExit(f"no cached data under {data} (run the data phase first)")
     train, test = split_records(records, args.held_out, args.seed)
@@ -292,7 +296,7 @@ def run_training(args, log=print) -> Path:
         "held_out_rows": len(y_test),
         "draft_vocab_coverage": coverage,
         "data": {"answers": len(records), "tokens": tokens, "train_rows": len(y_train),
-                 **{k: manifest[k] for k in manifest if k != "seconds_this_run"}},
+                 **{k: manifest[k] for k in manifest if k not in ("seconds_this_run", "chunks")}},
         "training": {"projection": args.projection, "soft_targets": not args.hard_labels,
                      "epochs": args.epochs, "lr": args.lr, "batch": args.batch,
                      "decay": args.decay, "weight_decay": args.weight_decay,
@@ -397,6 +401,9 @@ def add_subcommand(subparsers) -> None:
     add_train_arguments(p)
     p.add_argument("--skip-data", action="store_true", help="train on the cache as it is")
     p.set_defaults(func=_run_subcommand)
+    from specdec_kernels.training.eagle import add_subcommand as add_eagle
+
+    add_eagle(kinds)
 
 
 def _run_subcommand(args) -> int:

@@ -1,0 +1,388 @@
+"""The EAGLE-3 drafter (issue 24): target features at chosen layers through the doorway, the
+training-time test against step-by-step drafting, greedy identity with Hugging Face
+``generate`` at batch 1 and 4 (random and shipped drafters), lossless sampling (chi-square,
+tiny model), the draft's cache after rejections against a fresh prefill, drafters made for
+another target, and checkpoints in the published EAGLE-3 layout."""
+
+import json
+
+import pytest
+import torch
+
+from python_tests.decoding_helpers import (
+    assert_same_or_near_tie,
+    dev_prompts,
+    hf_greedy,
+    random_eagle,
+    tiny_model,
+)
+from python_tests.test_decoding_sampling import (
+    CONFIGS,
+    NEW,
+    PER_CONFIG,
+    PROMPT,
+    VOCAB,
+    chi_square_pvalue,
+    counts_of,
+    exact_distribution,
+)
+from specdec_kernels.decoding import generate
+from specdec_kernels.decoding.drafter import NoDrafter
+from specdec_kernels.decoding.eagle import EagleDrafter, default_eagle_path
+from specdec_kernels.eagle.model import (
+    EagleConfig,
+    EagleDraftModel,
+    load_eagle,
+    save_eagle,
+)
+from specdec_kernels.decoding.engine import Engine, StopCriteria
+from specdec_kernels.decoding.runner import FeatureSpec
+from specdec_kernels.sampling import SamplingParams
+from specdec_kernels.training.eagle import ttt_forward
+
+CAPTURE = (0, 1, 2)
+
+
+def random_draft(target, draft_vocab=None, *, seed=0, std=0.2):
+    return random_eagle(target, draft_vocab, seed=seed, std=std, capture=CAPTURE)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model("llama", vocab=64, layers=4, seed=1)
+
+
+# ---------------------------------------------------------------------------- the doorway
+
+
+def test_feature_spec_captures_layer_outputs_and_all_prompt_rows(tiny):
+    seen = {}
+
+    class Reader(NoDrafter):
+        target_features = FeatureSpec((1, -1, "final_norm"), prompt_rows="all")
+
+        def start(self, state):
+            seen["prefill"] = (state.features.clone(), state.feature_counts.tolist())
+
+        def accept(self, state, outcome):
+            seen.setdefault("steps", []).append(state.last_features().clone())
+
+    prompts = [[3, 9, 4, 1, 7], [5, 2]]
+    generate(tiny, prompts, drafter=Reader(), max_new_tokens=2, eos_token_id=[])
+    features, counts = seen["prefill"]
+    assert counts == [4, 1]
+    tokens = prompts[0][:-1]
+    last = _layer_output(tiny, tokens, 3)
+    with torch.no_grad():
+        want = torch.cat([_layer_output(tiny, tokens, 1), last, tiny.model.norm(last)], -1)
+    torch.testing.assert_close(features[0, :4], want, rtol=1e-4, atol=1e-4)
+    assert seen["steps"][0].shape == (2, 3 * tiny.config.hidden_size)
+
+
+def _layer_output(model, tokens, layer):
+    """Output of decoder layer ``layer`` (before the final norm), by a hook."""
+    got = {}
+    handle = model.model.layers[layer].register_forward_hook(
+        lambda m, a, o: got.setdefault("h", o[0] if isinstance(o, tuple) else o))
+    with torch.no_grad():
+        model(torch.tensor([tokens]))
+    handle.remove()
+    return got["h"][0]
+
+
+def test_feature_spec_rejects_bad_points(tiny):
+    class Odd(NoDrafter):
+        target_features = FeatureSpec((0, 9))
+
+    with pytest.raises(ValueError, match="decoder layer 9"):
+        generate(tiny, [[1, 2]], drafter=Odd(), max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt_rows"):
+        FeatureSpec(("final_norm",), prompt_rows="some")
+
+
+def test_recorder_features_equal_one_forward_over_prompt_and_answer(tiny):
+    """The self-distillation data: the states recorded while decoding (prompt rows after the
+    prefill, one row per step) are those of one forward over prompt + answer."""
+    from specdec_kernels.training.selfdistill import FeatureRecorder
+
+    recorder = FeatureRecorder((1, 3, "final_norm"))
+    prompts = [[3, 9, 4, 1, 7], [5, 2, 8]]
+    out = generate(tiny, prompts, drafter=recorder, max_new_tokens=6, eos_token_id=[],
+                   temperature=[0.0, 1.0], seed=[0, 1])
+    for prompt, answer, got in zip(prompts, out.tokens, recorder.per_request()):
+        seq = prompt + answer
+        last = _layer_output(tiny, seq, 3)
+        with torch.no_grad():
+            want = torch.cat([_layer_output(tiny, seq, 1), last, tiny.model.norm(last)], -1)
+        assert got.shape[0] == len(seq) - 1  # the last token never ran through the target
+        torch.testing.assert_close(got.float(), want[:-1].to(torch.bfloat16).float(),
+                                   rtol=2e-2, atol=2e-2)
+
+
+# ---------------------------------------------------------------------------- training-time test
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_unrolled_training_matches_step_by_step_drafting(tiny, steps):
+    draft = random_draft(tiny, 40, seed=3)
+    draft.bind_target(tiny)
+    n = 9
+    torch.manual_seed(5)
+    feats = torch.randn(1, n, 3 * tiny.config.hidden_size)
+    tokens = torch.randint(0, 64, (1, n))
+    with torch.no_grad():
+        unrolled = ttt_forward(draft, feats, tokens, steps)
+        nxt = torch.cat([tokens[:, 1:], tokens.new_zeros(1, 1)], 1)
+        for k in range(steps):
+            for t in range(k, n):
+                root = t - k
+                pos = torch.arange(root + 1)[None]
+                hidden = draft.fuse(feats[:, : root + 1])
+                q, keys, values, res = draft.project(hidden, nxt[:, : root + 1], pos)
+                mask = torch.ones(1, root + 1, root + 1, dtype=torch.bool).tril()
+                out = draft.finish(res, draft.attend(q, keys, values, mask))[:, -1:]
+                for j in range(1, k + 1):  # the chain: the draft feeds on its own output
+                    p = torch.tensor([[root + j]])
+                    q, kj, vj, res = draft.project(out, nxt[:, root + j : root + j + 1], p)
+                    keys, values = torch.cat([keys, kj], 2), torch.cat([values, vj], 2)
+                    visible = torch.ones(1, 1, keys.shape[2], dtype=torch.bool)
+                    out = draft.finish(res, draft.attend(q, keys, values, visible))
+                torch.testing.assert_close(unrolled[k][0, t], draft.logits(out)[0, 0],
+                                           rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- greedy identity
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+def test_tiny_greedy_matches_hf_generate_batch_1_and_4(tiny, draft_vocab):
+    draft = random_draft(tiny, draft_vocab)
+    prompts = [[1, 5, 9, 3, 7], [2, 4], [8, 8, 8, 1, 2, 3, 4, 9], [3]]
+    for batch in ([prompts[0]], prompts):
+        drafter = EagleDrafter(draft, max_nodes=10, cost_curve={1: 1.0, 64: 1.0})
+        out = generate(tiny, batch, drafter=drafter, max_new_tokens=20, eos_token_id=[])
+        for p, got in zip(batch, out.tokens):
+            assert got == hf_greedy(tiny, p, 20)
+        assert out.stats.target_forwards < 20 * len(batch) + 1
+
+
+def test_draft_that_knows_the_target_is_accepted(tiny):
+    """A draft whose head is the target's own (copied into a one-layer draft that passes the
+    final layer's features through) still drafts right often enough to be used."""
+    draft = random_draft(tiny, None, std=0.0)
+    with torch.no_grad():
+        draft.lm_head.weight.copy_(tiny.lm_head.weight)
+    out = generate(tiny, [PROMPT], drafter=EagleDrafter(draft, max_nodes=8,
+                                                        cost_curve={1: 1.0, 64: 1.0}),
+                   max_new_tokens=16, eos_token_id=[])
+    assert out.tokens[0] == hf_greedy(tiny, PROMPT, 16)
+
+
+# ---------------------------------------------------------------------------- the draft's cache
+
+
+def test_draft_cache_after_rejections_equals_a_fresh_prefill(tiny):
+    draft = random_draft(tiny, 40, seed=2)
+    engine = Engine(tiny, EagleDrafter(draft, max_nodes=10, cost_curve={1: 1.0, 64: 1.0}),
+                    cpu_kernels=False)
+    params = SamplingParams.create(1, device="cpu")
+    stop = StopCriteria([30], set(), [[]], None)
+    gen = engine.start([[1, 5, 9, 3, 7, 2]], params, stop)
+    for _ in range(6):
+        engine.step(gen)
+    rejected = sum(len(t) for t in engine.drafter._trees) > 0
+    assert rejected and gen.stats.target_forwards == 6
+    drafter = engine.drafter
+    with torch.inference_mode():
+        drafter.propose(gen.state)  # commits the last accepted rows
+    context = gen.state.contexts[0]
+    fresh_engine = Engine(tiny, EagleDrafter(draft, max_nodes=10, cost_curve={1: 1.0, 64: 1.0}),
+                          cpu_kernels=False)
+    fresh = fresh_engine.start([context], params, StopCriteria([4], set(), [[]], None))
+    with torch.inference_mode():
+        fresh_engine.drafter.propose(fresh.state)
+    n = drafter.lens[0]
+    assert n == fresh_engine.drafter.lens[0] == len(context) - 1
+    torch.testing.assert_close(drafter.keys[:, :, :n], fresh_engine.drafter.keys[:, :, :n],
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(drafter.values[:, :, :n], fresh_engine.drafter.values[:, :, :n],
+                               rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def test_sampling_follows_the_target_distribution():
+    target = tiny_model("llama", vocab=VOCAB, layers=3, seed=11)
+    exact = [exact_distribution(target, c) for c in CONFIGS]
+    draft = random_draft(target, None, seed=4, std=0.3)
+    drafter = EagleDrafter(draft, branching=2, max_depth=3, max_nodes=6,
+                           cost_curve={1: 1.0, 64: 1.0})
+    temps, ks, ps = zip(*[c for c in CONFIGS for _ in range(PER_CONFIG)])
+    n = len(temps)
+    out = generate(target, [PROMPT] * n, drafter=drafter, max_new_tokens=NEW,
+                   temperature=list(temps), top_k=list(ks), top_p=list(ps),
+                   seed=list(range(n)), eos_token_id=[])
+    assert all(len(t) == NEW for t in out.tokens)
+    for c, probs in enumerate(exact):
+        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
+        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
+        assert p > 1e-3, f"config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    assert out.stats.tau > 1.05
+
+
+# ---------------------------------------------------------------------------- files and checks
+
+
+def test_drafter_for_another_target_is_refused(tiny):
+    other = tiny_model("llama", vocab=64, layers=4, seed=1, hidden_size=48)
+    with pytest.raises(ValueError, match="hidden size"):
+        generate(tiny, [[1, 2, 3]], drafter=EagleDrafter(random_draft(other)), max_new_tokens=2)
+    bigger = tiny_model("llama", vocab=80, layers=4, seed=1)
+    with pytest.raises(ValueError, match="vocabulary of 80"):
+        generate(tiny, [[1, 2, 3]], drafter=EagleDrafter(random_draft(bigger)), max_new_tokens=2)
+    deep = EagleDraftModel(EagleConfig.for_target(tiny.config, 64, (0, 1, 7)))
+    with pytest.raises(ValueError, match="reads target layers"):
+        generate(tiny, [[1, 2, 3]], drafter=EagleDrafter(deep), max_new_tokens=2)
+
+
+def test_round_trip_through_our_files(tiny, tmp_path):
+    draft = random_draft(tiny, 40, seed=6)
+    save_eagle(draft, tmp_path / "d")
+    loaded = load_eagle(tmp_path / "d")
+    assert torch.equal(loaded.draft_ids, draft.draft_ids)
+    for name, value in draft.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("layout", ["midlayer-safetensors", "layers0-bin-with-embedding"])
+def test_published_checkpoint_loads_and_drafts(tiny, tmp_path, layout):
+    """A checkpoint written the way the EAGLE repository / SpecForge publish them: a Llama
+    config with draft_vocab_size and no aux layer ids (the defaults 2, L/2, L-3 apply), weights
+    named midlayer.* (or layers.0.*) with d2t offsets and a t2d mask."""
+    layers = tiny.config.num_hidden_layers
+    default_points = (1, layers // 2 - 1, layers - 4)
+    draft = EagleDraftModel(EagleConfig.for_target(tiny.config, 40, default_points),
+                            torch.randperm(64)[:40].sort().values)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.2)
+    weights = {k: v.clone() for k, v in draft.state_dict().items()}
+    weights["d2t"] = draft.draft_ids - torch.arange(40)
+    t2d = torch.zeros(64, dtype=torch.bool)
+    t2d[draft.draft_ids] = True
+    weights["t2d"] = t2d
+    if layout.startswith("layers0"):
+        weights = {k.replace("midlayer.", "layers.0."): v for k, v in weights.items()}
+        weights["embed_tokens.weight"] = tiny.get_input_embeddings().weight.detach().clone()
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 32,
+        "num_attention_heads": tiny.config.num_attention_heads,
+        "num_key_value_heads": tiny.config.num_key_value_heads,
+        "intermediate_size": tiny.config.intermediate_size, "num_hidden_layers": 1,
+        "rms_norm_eps": tiny.config.rms_norm_eps, "vocab_size": 64, "draft_vocab_size": 40,
+        "rope_theta": draft.config.rope_theta, "hidden_act": "silu",
+    }
+    folder = tmp_path / layout
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    if layout.endswith("safetensors"):
+        from safetensors.torch import save_file
+
+        save_file(weights, str(folder / "model.safetensors"))
+    else:
+        torch.save(weights, str(folder / "pytorch_model.bin"))
+    drafter = EagleDrafter(str(folder), max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    out = generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=12, eos_token_id=[])
+    assert out.tokens[0] == hf_greedy(tiny, PROMPT, 12)
+    assert drafter.draft.config.capture_layers == default_points
+    assert torch.equal(drafter.draft.draft_ids, draft.draft_ids)
+    # The same network as the one written: identical draft logits.
+    x = torch.randn(1, 3, 32)
+    torch.testing.assert_close(drafter.draft.logits(x), draft.logits(x))
+
+
+def test_published_eagle1_checkpoint_loads_and_drafts(tiny, tmp_path):
+    """An EAGLE-1/2 checkpoint (fc over [embedding, final-norm state] with bias, layers.0.*
+    without an input norm, the target's LM head): loads, drafts, keeps greedy identity."""
+    from specdec_kernels.eagle.model import Eagle1DraftModel, _eagle1_config
+
+    config = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 8, "intermediate_size": 64, "vocab_size": 64,
+              "rms_norm_eps": tiny.config.rms_norm_eps, "rope_theta": 10000.0, "bias": True}
+    torch.manual_seed(8)
+    draft = Eagle1DraftModel(_eagle1_config(config))
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.2)
+    weights = {k.replace("midlayer.", "layers.0."): v for k, v in draft.state_dict().items()}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.save(weights, str(tmp_path / "pytorch_model.bin"))
+    drafter = EagleDrafter(str(tmp_path), max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    out = generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=12, eos_token_id=[])
+    assert out.tokens[0] == hf_greedy(tiny, PROMPT, 12)
+    assert drafter.target_features == FeatureSpec(("final_norm",), prompt_rows="all")
+    draft.bind_target(tiny)
+    x = torch.randn(1, 3, 32)
+    torch.testing.assert_close(drafter.draft.logits(x), draft.logits(x))
+
+
+def test_bad_published_checkpoints_are_refused(tiny, tmp_path):
+    draft = random_draft(tiny, 40)
+    save_eagle(draft, tmp_path / "d")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["draft_vocab_size"] = 41
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="d2t has shape"):
+        load_eagle(tmp_path / "d")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_eagle(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------------- shipped drafter
+
+NEW_TOKENS = 24
+
+
+@pytest.mark.default_model
+def test_shipped_drafter_greedy_identity_batch_1_and_4(loaded):
+    from specdec_kernels.models import encode_prompts
+
+    assert (default_eagle_path() / "config.json").is_file()
+    prompts = encode_prompts(loaded.tokenizer, dev_prompts()[:4])
+    want = [generate(loaded, [p], max_new_tokens=NEW_TOKENS).tokens[0] for p in prompts]
+    forwards = emitted = 0
+    for p, w in zip(prompts, want):
+        out = generate(loaded, [p], drafter="eagle", max_new_tokens=NEW_TOKENS)
+        assert out.tokens[0] == w
+        assert_same_or_near_tie(loaded.model, p, out.tokens[0],
+                                hf_greedy(loaded.model, p, NEW_TOKENS),
+                                what="eagle vs HF generate")
+        forwards += out.stats.target_forwards
+        emitted += out.stats.new_tokens
+    assert emitted / forwards > 1.2  # a random draft gets about 1.05
+    out = generate(loaded, prompts, drafter="eagle", max_new_tokens=NEW_TOKENS)
+    assert out.tokens == want
+
+
+@pytest.mark.default_model
+def test_cli_generate_with_eagle_and_a_bad_option(capsys, loaded):
+    from specdec_kernels import cli
+
+    assert cli.main(["generate", "--drafter", "eagle", "--branching", "4", "--max-new-tokens",
+                     "6", "--json", "Count: one two three, one two three,"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["method"] == "eagle" and len(out["tokens"][0]) == 6
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["generate", "--drafter", "medusa", "--branching", "4", "hi"])
+    assert exit_.value.code == 2
+    assert "--branching does not apply" in capsys.readouterr().err
+
+
+def test_cli_lists_train_eagle(capsys):
+    from specdec_kernels import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["train", "eagle", "--help"])
+    text = capsys.readouterr().out
+    assert "--draft-vocab" in text and "--steps" in text and "--time-budget" in text

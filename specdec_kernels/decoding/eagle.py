@@ -1,0 +1,458 @@
+"""EAGLE-3 drafting with an EAGLE-2 dynamic tree, on the target's own features.
+
+Each step:
+
+1. **Catch-up.** The target features of the rows the last forward accepted (all prompt rows
+   after the prefill) arrive through the target-features doorway (low, middle and high decoder
+   layers, ``prompt_rows="all"``); the draft network runs over them, fused with the embedding
+   of the token after each row, and *commits* their keys and values to its own cache: the
+   draft's cache always holds exactly one row per committed target row, computed from the
+   target's features. Its last row's output gives the pending token's children.
+2. **Expansion** (EAGLE-2). Depth by depth, the ``top_k`` most promising nodes of the newest
+   depth run through the draft as one tree block (each attends to the committed prefix and its
+   own ancestors) and get ``top_k`` children each; the rows written for them sit past the
+   committed length and are never committed, so the next catch-up overwrites them (the
+   rollback: after any rejection the cache equals a fresh prefill over the accepted context).
+   Expansion stops when the next depth's expected tokens are worth less than a draft forward
+   (both measured) or at ``max_depth``.
+3. **Budget.** Every node's chance of acceptance is its draft probability mapped through the
+   *measured* acceptance of nodes of that probability and depth (running
+   :class:`~specdec_kernels.decoding.budget.AcceptanceStats`, the draft's own probability as
+   the prior); :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that
+   maximise expected tokens per unit of the device's measured step cost ``c(T)`` plus the
+   measured drafting time.
+
+Greedy batches expand by the draft's argmax ranks. When any request samples, every node's
+children are drawn independently from the draft's ``q`` (temperature-scaled like the target)
+and handed to :func:`~specdec_kernels.ops.verify_tree` with ``q`` (lossless recursive rejection
+sampling); then which nodes are kept never depends on a node's own draw (only on its depth and
+sibling rank and on its ancestors), which keeps every sibling set an independent sample.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
+from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
+from specdec_kernels.eagle.model import EagleDraftModel, load_eagle
+from specdec_kernels.decoding.runner import FeatureSpec
+
+__all__ = ["DEFAULT_EAGLE", "EagleDrafter", "default_eagle_path"]
+
+#: Package folder of the drafter trained for the default model (``specdec train eagle``).
+DEFAULT_EAGLE = "eagle/smollm2-135m-instruct"
+
+#: Draft-probability buckets of the acceptance statistics (upper edges).
+_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
+
+
+def default_eagle_path() -> Path:
+    """Folder of the shipped EAGLE drafter for the default model."""
+    return Path(str(resources.files("specdec_kernels.data").joinpath(DEFAULT_EAGLE)))
+
+
+def _bucket(q: float) -> int:
+    for i, edge in enumerate(_BUCKETS):
+        if q < edge:
+            return i
+    return len(_BUCKETS) - 1
+
+
+class EagleDrafter(Drafter):
+    """EAGLE-3 draft network + EAGLE-2 dynamic tree (see the module notes).
+
+    Parameters
+    ----------
+    eagle_draft : EagleDraftModel, str, Path or None
+        The draft network, a folder in the published EAGLE-3 layout
+        (:func:`~specdec_kernels.eagle.model.load_eagle`), or ``None`` for the
+        drafter shipped for the default model.
+    branching : int
+        Nodes expanded per depth, and children per expanded node.
+    max_depth : int
+        Deepest draft level.
+    max_nodes : int
+        Most drafted nodes a tree keeps (the cost model picks fewer when they do not pay).
+    cost_curve : str, Path, dict or StepCost, optional
+        The device's step-cost curve (the shipped CPU curve by default).
+    """
+
+    name = "eagle"
+
+    def __init__(self, eagle_draft=None, *, branching: int = 8, max_depth: int = 6,
+                 max_nodes: int = 48, cost_curve=None):
+        draft = eagle_draft
+        if draft is None:
+            draft = default_eagle_path()
+        if isinstance(draft, (str, Path)):
+            self._folder = Path(draft)
+            draft = None
+        elif isinstance(draft, EagleDraftModel):
+            self._folder = None
+        else:
+            raise ValueError(
+                f"eagle_draft must be an EagleDraftModel, a folder or None, got {type(draft)}")
+        for name, value in (("branching", branching), ("max_depth", max_depth),
+                            ("max_nodes", max_nodes)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.draft = draft
+        self.top_k, self.max_depth = int(branching), int(max_depth)
+        self.max_nodes = int(max_nodes)
+        self.cost_curve = cost_curve
+        self.budget: TreeBudget | None = None
+        self.stats = AcceptanceStats(prior_weight=4.0, max_depth=self.max_depth,
+                                     max_rank=self.top_k)
+        if draft is not None:
+            self.target_features = FeatureSpec(draft.config.capture_layers, prompt_rows="all")
+
+    # ------------------------------------------------------------------ set-up
+
+    def bind(self, runner, tokenizer) -> None:
+        if self.draft is None:
+            self.draft = load_eagle(self._folder, runner.num_layers)
+            self.target_features = FeatureSpec(self.draft.config.capture_layers,
+                                               prompt_rows="all")
+        draft = self.draft
+        draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
+        draft.to(device=runner.device, dtype=torch.float32).eval()
+        draft.bind_target(runner.model)
+        self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        # Weight-read share of one draft forward in a one-token target step (what a forward
+        # costs where steps are memory bound, e.g. a GPU): the projection's draft cost.
+        own = sum(p.numel() for p in draft.parameters() if p.dim() > 1)
+        embed = runner.model.get_input_embeddings().weight
+        target = sum(p.numel() for p in runner.model.parameters())
+        if runner.model.get_output_embeddings().weight is embed:
+            target += embed.numel()  # tied: the LM head reads the embedding matrix again
+        self._forward_fraction = own / max(target - embed.numel(), 1)
+        self._prior_step_ms = self.budget.step_cost(1)
+        self._draft_ms = None  # running mean of one draft forward
+        self._propose_ms = None  # running mean of a whole propose
+        self.device = runner.device
+
+    def max_block_width(self) -> int:
+        return self.max_nodes + 1
+
+    def describe(self) -> dict:
+        out = {"name": self.name, "branching": self.top_k, "max_depth": self.max_depth,
+               "max_nodes": self.max_nodes}
+        if self.draft is not None:
+            c = self.draft.config
+            out.update(draft_vocab=c.draft_vocab_size, capture_layers=list(c.capture_layers))
+        if self.budget is not None:
+            # Draft cost per step as a share of c(1), at most max_depth forwards a step.
+            out["head_cost_fraction"] = round(self.max_depth * self._forward_fraction, 5)
+        return out
+
+    def report(self) -> dict:
+        return {"acceptance": self.stats.table(),
+                "draft_forward_ms": None if self._draft_ms is None else round(self._draft_ms, 3),
+                "propose_ms": None if self._propose_ms is None else round(self._propose_ms, 3)}
+
+    # ------------------------------------------------------------------ the draft's cache
+
+    def start(self, state: DecodeState) -> None:
+        c = self.draft.config
+        capacity = state.cache.capacity + 2 * self.max_depth * self.top_k + 2
+        shape = (state.batch, c.num_kv_heads, capacity, c.head_dim)
+        self.keys = torch.zeros(shape, device=self.device)
+        self.values = torch.zeros(shape, device=self.device)
+        self.lens = [0] * state.batch
+        self._trees: list = []
+        self._sampling = False
+        self._generator = None
+
+    def select_requests(self, keep: list) -> None:
+        index = torch.tensor(keep, dtype=torch.int64, device=self.device)
+        self.keys = self.keys.index_select(0, index)
+        self.values = self.values.index_select(0, index)
+        self.lens = [self.lens[i] for i in keep]
+
+    def _write(self, rows: Tensor, k: Tensor, v: Tensor) -> None:
+        """Write ``k``/``v`` ``[B, kv, N, D]`` at cache rows ``rows`` ``[B, N]``."""
+        index = rows[:, None, :, None].expand_as(k)
+        self.keys.scatter_(2, index, k)
+        self.values.scatter_(2, index, v)
+
+    def _run(self, hidden, tokens, positions, rows, mask) -> Tensor:
+        """One draft forward over ``[B, N]`` rows written at cache ``rows``; ``mask``
+        ``[B, N, S]`` over the cache's first ``S`` rows. Returns the pre-norm outputs."""
+        t0 = time.perf_counter()
+        draft = self.draft
+        q, k, v, residual = draft.project(hidden, tokens, positions)
+        self._write(rows, k, v)
+        width = mask.shape[-1]
+        attended = draft.attend(q, self.keys[:, :, :width], self.values[:, :, :width], mask)
+        out = draft.finish(residual, attended)
+        ms = (time.perf_counter() - t0) * 1e3
+        self._draft_ms = ms if self._draft_ms is None else 0.9 * self._draft_ms + 0.1 * ms
+        return out
+
+    def _catch_up(self, state: DecodeState) -> tuple:
+        """Commit the draft rows of the newly accepted target rows; returns the last row's
+        output ``[B, H]`` and which requests have one (``[B]`` bool)."""
+        counts = state.feature_counts.tolist()
+        width = max(counts)
+        batch = state.batch
+        if width == 0:
+            hidden = torch.zeros(batch, self.draft.config.hidden_size, device=self.device)
+            return hidden, [False] * batch
+        for b in range(batch):
+            if self.lens[b] + counts[b] != state.cache.host_lens[b]:
+                raise RuntimeError(
+                    f"the EAGLE draft's cache ({self.lens[b]} rows + {counts[b]} new) is out of "
+                    f"step with the target's ({state.cache.host_lens[b]})"
+                )
+        tokens = torch.zeros(batch, width, dtype=torch.int64)
+        for b, ctx in enumerate(state.contexts):
+            start = self.lens[b]
+            tokens[b, : counts[b]] = torch.tensor(ctx[start + 1 : start + 1 + counts[b]])
+        tokens = tokens.to(self.device)
+        starts = torch.tensor(self.lens, device=self.device)
+        cols = torch.arange(width, device=self.device)
+        positions = starts[:, None] + cols
+        span = max(self.lens) + width
+        visible = torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None]
+        features = state.features[:, :width].to(torch.float32)
+        out = self._run(self.draft.fuse(features), tokens, positions, positions, visible)
+        self.lens = [n + c for n, c in zip(self.lens, counts)]
+        last = torch.tensor([max(c - 1, 0) for c in counts], device=self.device)
+        root = out[torch.arange(batch, device=self.device), last]
+        return root, [c > 0 for c in counts]
+
+    # ------------------------------------------------------------------ proposing
+
+    def _children(self, logits: Tensor, sampling: bool, temperature: Tensor):
+        """Top-k (greedy) or ``k`` independent draws (sampling) of each row's draft
+        distribution: ``(ids [.., k] full vocabulary, q of each [.., k], q rows [.., Vd])``."""
+        if sampling:
+            scaled = logits / temperature.view(-1, *([1] * (logits.dim() - 1)))
+            probs = torch.softmax(scaled.float(), -1)
+            flat = probs.reshape(-1, probs.shape[-1])
+            draws = torch.multinomial(flat, self.top_k, replacement=True,
+                                      generator=self._generator).view(*probs.shape[:-1], -1)
+        else:
+            probs = torch.softmax(logits.float(), -1)
+            draws = probs.topk(self.top_k, -1).indices
+        return self.draft.draft_ids[draws], probs.gather(-1, draws), probs
+
+    def propose(self, state: DecodeState) -> TreeProposal:
+        t_start = time.perf_counter()
+        draft, device, k = self.draft, self.device, self.top_k
+        batch = state.batch
+        sampling = not state.greedy
+        if sampling and self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(int(state.draft_params.seed[0]) & 0x7FFFFFFF)
+        temperature = _temperatures(state, batch, device)
+        root_out, has_root = self._catch_up(state)
+        lens = torch.tensor(self.lens, device=device)
+        base = max(self.lens)  # scratch rows of the tree start here (past every prefix)
+        ids, q, probs = self._children(draft.logits(root_out), sampling, temperature)
+        # Candidate nodes, per request, in creation order: token, parent candidate (-1: the
+        # root), q given the parent, path score (summed log q), and the q rows they were
+        # drawn from (one row per node that ran: the root's first).
+        nodes = {"token": [ids], "parent": [torch.full((batch, k), -1, device=device)],
+                 "q": [q], "depth": [1], "score": [q.log()], "qrows": [probs[:, None]]}
+        frontier_hidden = root_out[:, None].expand(batch, k, -1)
+        frontier_index = torch.arange(k, device=device).expand(batch, k)  # nodes at depth 1
+        created = k
+        run_row = torch.full((batch, k), -1, dtype=torch.int64, device=device)  # per candidate
+        visible_tree = torch.zeros(batch, 0, 0, dtype=torch.bool, device=device)
+        run_rows = 0
+        prefix = torch.arange(base, device=device)[None, None, :] < lens[:, None, None]
+        for depth in range(1, min(self.max_depth, max(max(state.remaining) - 1, 1))):
+            depth_scores = torch.cat(nodes["score"], 1).gather(1, frontier_index)
+            if not self._worth_expanding(depth_scores):
+                break
+            chosen = depth_scores.topk(min(k, depth_scores.shape[1]), -1).indices
+            run_nodes = frontier_index.gather(1, chosen)  # [B, r] candidates that run now
+            r = run_nodes.shape[1]
+            tokens = torch.cat(nodes["token"], 1).gather(1, run_nodes)
+            parents = torch.cat(nodes["parent"], 1).gather(1, run_nodes)
+            hidden = frontier_hidden.gather(1, chosen[..., None].expand(-1, -1, root_out.shape[-1]))
+            positions = (lens - 1)[:, None] + depth
+            rows = base + run_rows + torch.arange(r, device=device).expand(batch, r)
+            # Visibility: the committed prefix, the node's ancestors that ran, itself.
+            own = torch.zeros(batch, r, run_rows + r, dtype=torch.bool, device=device)
+            if run_rows:
+                parent_run = run_row.gather(1, parents.clamp(min=0))
+                parent_run = torch.where(parents >= 0, parent_run, torch.full_like(parent_run, -1))
+                grown = torch.nn.functional.pad(visible_tree, (0, r))
+                inherited = grown.gather(
+                    1, parent_run.clamp(min=0)[..., None].expand(-1, -1, run_rows + r))
+                own |= inherited & (parent_run >= 0)[..., None]
+            diagonal = torch.arange(r, device=device)
+            own[:, diagonal, run_rows + diagonal] = True
+            mask = torch.cat([prefix.expand(batch, r, base), own], -1)
+            out = self._run(hidden, tokens, positions, rows, mask)
+            visible_tree = torch.cat([torch.nn.functional.pad(visible_tree, (0, r)), own], 1)
+            run_row.scatter_(1, run_nodes, run_rows + diagonal.expand(batch, r))
+            run_rows += r
+            cids, cq, cprobs = self._children(draft.logits(out), sampling, temperature)
+            parent_scores = depth_scores.gather(1, chosen)
+            nodes["token"].append(cids.reshape(batch, r * k))
+            nodes["parent"].append(run_nodes[..., None].expand(-1, -1, k).reshape(batch, r * k))
+            nodes["q"].append(cq.reshape(batch, r * k))
+            nodes["depth"].append(depth + 1)
+            nodes["score"].append((parent_scores[..., None] + cq.log()).reshape(batch, r * k))
+            nodes["qrows"].append(cprobs)
+            frontier_hidden = out[:, :, None].expand(-1, -1, k, -1).reshape(batch, r * k, -1)
+            frontier_index = created + torch.arange(r * k, device=device).expand(batch, r * k)
+            run_row = torch.nn.functional.pad(run_row, (0, r * k), value=-1)
+            created += r * k
+        proposal = self._select(state, nodes, has_root, sampling)
+        ms = (time.perf_counter() - t_start) * 1e3
+        self._propose_ms = ms if self._propose_ms is None else 0.9 * self._propose_ms + 0.1 * ms
+        return proposal
+
+    def _worth_expanding(self, scores: Tensor) -> bool:
+        """Whether another depth is expected to pay for its draft forward: the ``top_k``
+        best paths' summed draft probability (expected extra tokens), valued at a one-token
+        step's measured cost, against the measured time of one draft forward."""
+        if self._draft_ms is None:
+            return True
+        best = scores.topk(min(self.top_k, scores.shape[1]), -1).values.exp().sum(-1)
+        return float(best.max()) * self._prior_step_ms > self._draft_ms
+
+    def _select(self, state: DecodeState, nodes: dict, has_root: list,
+                sampling: bool) -> TreeProposal:
+        """Keep the budget's nodes of every request's candidate tree; build the proposal."""
+        batch, device = state.batch, self.device
+        tokens = torch.cat(nodes["token"], 1).tolist()
+        parents = torch.cat(nodes["parent"], 1).tolist()
+        qs = torch.cat(nodes["q"], 1).tolist()
+        counts = [t.shape[1] for t in nodes["token"]]
+        depths = [d for d, n in zip(nodes["depth"], counts) for _ in range(n)]
+        ranks = [j % self.top_k for n in counts for j in range(n)]
+        considered = None
+        if not sampling:
+            # Only the best candidates by draft score can be kept (scores fall along a path,
+            # so this set holds every member's ancestors): the rest skip the host loop.
+            scores = torch.cat(nodes["score"], 1)
+            count = min(2 * self.max_nodes, scores.shape[1])
+            considered = [set(row) for row in scores.topk(count, -1).indices.tolist()]
+        trees, labels = [], []
+        for b in range(batch):
+            limit = max(state.remaining[b] - 1, 0) if has_root[b] else 0
+            # Candidate j becomes tree node j + 1 (the root is node 0).
+            par = [-1] + [p + 1 for p in parents[b]]
+            cond, label = [1.0], [None]
+            for j in range(len(tokens[b])):
+                depth = depths[j]
+                if depth > limit or (considered is not None and j not in considered[b]):
+                    cond.append(0.0)
+                    label.append(None)
+                    continue
+                if sampling:
+                    key = ("eagle-sampled", depth, ranks[j])
+                else:
+                    key = (f"eagle:b{_bucket(qs[b][j])}", depth, 0)
+                label.append(key)
+                cond.append(self._rate(key, qs[b][j]))
+            probs = [1.0] * len(par)
+            for j in range(1, len(par)):
+                probs[j] = probs[par[j]] * cond[j] if par[j] >= 0 else cond[j]
+            trees.append((par, probs))
+            labels.append(label)
+        self.budget.overhead_ms = self._propose_ms or 0.0
+        kept, _, _ = self.budget.choose(trees)
+        width = max(len(k) for k in kept)
+        out_tokens = torch.zeros(batch, width, dtype=torch.int64)
+        out_parents = torch.full((batch, width), -2, dtype=torch.int64)
+        self._trees = []
+        qrows = None
+        if sampling:
+            vd = self.draft.config.draft_vocab_size
+            rows_per_group = [t.reshape(batch, -1, vd) for t in nodes["qrows"]]
+            # q row of candidate j: its parent's distribution (one per run node).
+            group_rows = torch.cat(rows_per_group, 1)
+            qrows = torch.zeros(batch, width, self.draft.config.vocab_size, device=device)
+        depths_out = []
+        for b in range(batch):
+            order = kept[b]
+            index = {node: i for i, node in enumerate(order)}
+            tree = []
+            for i, node in enumerate(order):
+                if node == 0:
+                    out_tokens[b, 0] = int(state.contexts[b][-1])
+                    out_parents[b, 0] = -1
+                    tree.append((-1, None, None))
+                    continue
+                j = node - 1
+                parent = trees[b][0][node]
+                out_tokens[b, i] = tokens[b][j]
+                out_parents[b, i] = index[max(parent, 0)]
+                tree.append((index[max(parent, 0)], tokens[b][j], labels[b][node]))
+                if sampling:
+                    group = self._group_of(j, counts)
+                    qrows[b, i, self.draft.draft_ids] = group_rows[b, group]
+            self._trees.append(tree)
+            depths_out.append(max((depths[n - 1] for n in order if n > 0), default=0))
+        return TreeProposal(out_tokens.to(device), out_parents.to(device), depths_out,
+                            probs=qrows)
+
+    def _group_of(self, j: int, counts: list) -> int:
+        """Index of the distribution candidate ``j`` was drawn from (the root's is 0, then
+        one per node that ran, in run order)."""
+        if j < counts[0]:
+            return 0
+        j -= counts[0]
+        group = 1
+        for n in counts[1:]:
+            if j < n:
+                return group + j // self.top_k
+            j -= n
+            group += n // self.top_k
+        raise IndexError(j)
+
+    def _rate(self, key: tuple, q: float) -> float:
+        """Measured acceptance of nodes like this one; the prior is the draft's own
+        probability (the middle of the node's bucket), replaced by evidence as it comes."""
+        prophet, depth, rank = key
+        if prophet not in self.stats.priors:
+            if prophet.endswith("sampled"):
+                self.stats.priors[prophet] = 0.5
+            else:
+                b = _bucket(q)
+                low = _BUCKETS[b - 1] if b else 0.0
+                self.stats.priors[prophet] = (low + min(_BUCKETS[b], 1.0)) / 2
+        return self.stats.rate(prophet, depth, rank)
+
+    def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        """Record which tried nodes were accepted (the acceptance statistics)."""
+        for b, tree in enumerate(self._trees):
+            n = outcome.num_accepted[b]
+            emitted = state.contexts[b][len(state.contexts[b]) - n - 1 :]
+            node = 0
+            for token in emitted[:n] + [None]:
+                children = [i for i, (p, _, _) in enumerate(tree) if p == node]
+                hit = None
+                for i in children:
+                    _, tok, key = tree[i]
+                    accepted = hit is None and tok == token
+                    if key is not None:
+                        self.stats.record(*key, accepted)
+                    if accepted:
+                        hit = i
+                if hit is None:
+                    break
+                node = hit
+
+
+def _temperatures(state: DecodeState, batch: int, device) -> Tensor:
+    """``[B]`` the target's temperature of each request (1 for greedy ones: their drafts are
+    verified greedily whatever ``q``)."""
+    t = state.params.temperature
+    if isinstance(t, Tensor):
+        t = t.to(device=device, dtype=torch.float32)
+    else:
+        t = torch.full((batch,), float(t), device=device)
+    return torch.where(t > 0, t, torch.ones_like(t))
