@@ -8,6 +8,7 @@ import torch
 
 import specdec_kernels
 from python_tests.decoding_helpers import default_model, default_model_missing
+from specdec_kernels import ops
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():
@@ -20,6 +21,23 @@ INDEX_DTYPES = [torch.int32, torch.int64]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+#: The CPU code paths, lowest first (``ops.cpu_isa`` caps the kernels at one of them).
+CPU_ISAS = ["portable", "avx2", "avx512", "avx512_bf16"]
+
+
+@pytest.fixture(params=CPU_ISAS)
+def cpu_isa(request):
+    """Run a test under each CPU instruction-set cap this machine allows (then lift it)."""
+    want = request.param
+    got = ops.cpu_isa(want)
+    try:
+        if got != want:
+            pytest.skip(f"this CPU has no {want} (best: {got})")
+        yield want
+    finally:
+        ops.cpu_isa("none")
 
 
 @pytest.fixture
