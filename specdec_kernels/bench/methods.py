@@ -188,6 +188,7 @@ class OursMethod:
         self.make_drafter = make_drafter  # a fresh drafter per run: drafters keep state
         self.generate_kwargs = generate_kwargs
         self.settings: dict = {}
+        self.kernels: dict = {}  # which kernels the last run's target forwards used
 
     def run(self, prompts: list, max_new_tokens: int, sampling: Sampling) -> RunRecord:
         """Generate for a batch of prompts (token id lists)."""
@@ -215,6 +216,7 @@ class OursMethod:
             counter.close()
         stats = out.stats
         self.settings = dict(stats.drafter)
+        self.kernels = dict(stats.kernels)
         return RunRecord(
             out.tokens,
             seconds,
