@@ -13,6 +13,10 @@ needed), on whatever device is given, along two paths, interleaved T by T:
 
     python3 -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b --out curve.json
     python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m,1.5b --out curve-cpu.json
+    python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m --isa avx2
+
+``--isa avx2`` runs an AVX-512 machine as an AVX2 one would: the package's kernels on their
+AVX2 path and torch's on theirs (:func:`specdec_kernels.machine.cap_isa`).
 
 The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1),
 ``latency_ms`` / ``relative_cost`` for the engine and ``torch_latency_ms`` /
@@ -122,7 +126,7 @@ def step_latencies(model, prefix: int, tokens: list[int], repeats: int) -> dict[
     vocab = model.config.vocab_size
     engine, runner = engine_step(model, prefix, prefix + max(tokens))
     baseline = torch_step(model, prefix)
-    result = {"engine": {}, "torch": {}}
+    result = {"engine": {}, "torch": {}, "kernels": runner.kernels.describe()}
     try:
         for t in tokens:
             new = torch.randint(vocab, (1, t), device=device)
@@ -143,7 +147,13 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--isa", choices=["avx2", "avx512", "avx512_bf16", "portable"],
+                        help="run the CPU kernels (the package's and torch's) at this "
+                        "instruction set (default: the best this CPU has)")
     args = parser.parse_args(argv)
+    from specdec_kernels import machine
+
+    machine.cap_isa(args.isa)
 
     tokens = [int(t) for t in args.tokens.split(",")]
     dtype = getattr(torch, args.dtype)
@@ -152,6 +162,8 @@ def main(argv=None) -> None:
     )
     report = {
         "device": device_name,
+        "machine": machine.fingerprint(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "dtype": args.dtype,
         "prefix": args.prefix,
         "torch": torch.__version__,
@@ -163,6 +175,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"unknown model {name!r}; choose from {sorted(MODEL_SHAPES)}")
         model = build_model(name, args.device, dtype)
         paths = step_latencies(model, args.prefix, tokens, args.repeats)
+        report.setdefault("kernels", {})[name] = paths.pop("kernels")
         engine, baseline = paths["engine"], paths["torch"]
         base, torch_base = engine[tokens[0]], baseline[tokens[0]]
         report["models"][name] = {
@@ -172,7 +185,9 @@ def main(argv=None) -> None:
             "torch_latency_ms": {str(t): round(ms, 3) for t, ms in baseline.items()},
             "torch_relative_cost": {str(t): round(ms / torch_base, 3) for t, ms in baseline.items()},
         }
-        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}): engine | torch")
+        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}, "
+              f"{report['machine']['isa']}, {report['machine']['threads']} threads, engine "
+              f"on the {report['kernels'][name]['path']} kernels): engine | torch")
         for t in tokens:
             print(f"  T={t:4d}  {engine[t]:9.2f} ms {engine[t] / base:6.2f}x | "
                   f"{baseline[t]:9.2f} ms {baseline[t] / torch_base:6.2f}x "
