@@ -13,17 +13,16 @@ from pathlib import Path
 import pytest
 
 from bench import summarize
+from specdec_kernels.bench import machine
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench", description=__doc__)
     parser.add_argument("--out", default="bench_results", help="output folder")
-    parser.add_argument("--isa", choices=["avx2", "avx512", "avx512_bf16", "portable"],
+    parser.add_argument("--isa", choices=machine.ISA_CHOICES,
                         help="run the CPU kernels (the package's and torch's) at this "
-                        "instruction set (see specdec_kernels.machine.cap_isa)")
+                        "instruction set (see specdec_kernels.bench.machine.cap_isa)")
     args, pytest_args = parser.parse_known_args(argv)
-    from specdec_kernels import machine
-
     machine.cap_isa(args.isa)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

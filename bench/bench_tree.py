@@ -28,7 +28,8 @@ import torch
 import specdec_kernels
 from bench.conftest import record_bandwidth
 from specdec_kernels import ops, reference
-from specdec_kernels.tree import stack_trees, tree_attention_mask_4d, tree_from_parents
+from specdec_kernels.models.hf_masks import tree_attention_mask_4d
+from specdec_kernels.tree import stack_trees, tree_from_parents
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():

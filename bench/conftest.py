@@ -38,8 +38,6 @@ def record_bandwidth(benchmark, bytes_moved):
 def pytest_benchmark_update_machine_info(config, machine_info):
     """Name what the figures depend on beyond the CPU: the instruction set of the package's
     kernels and of torch's, threads, torch version."""
-    from specdec_kernels import machine
+    from specdec_kernels.bench import machine
 
-    machine_info["specdec"] = {
-        **machine.fingerprint(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()
-    }
+    machine_info["specdec"] = machine.machine_info()

@@ -13,10 +13,14 @@ needed), on whatever device is given, along two paths, interleaved T by T:
 
     python3 -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b --out curve.json
     python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m,1.5b --out curve-cpu.json
+    python3 -m bench.cost_curve --device cpu --dtype float32 --weights int4 --models 1.5b
     python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m --isa avx2
 
-``--isa avx2`` runs an AVX-512 machine as an AVX2 one would: the package's kernels on their
-AVX2 path and torch's on theirs (:func:`specdec_kernels.machine.cap_isa`).
+``--weights int4|int8`` quantizes every linear (groups of 32, the formats a GGUF file's
+``Q4_*`` / ``Q8_0`` blocks repack into) and runs them through ``quantized_linear``: the step
+cost at a file's precision. ``--isa avx2`` runs an AVX-512 machine as an AVX2 one would: the
+package's kernels on their AVX2 path and torch's on theirs
+(:func:`specdec_kernels.bench.machine.cap_isa`).
 
 The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1),
 ``latency_ms`` / ``relative_cost`` for the engine and ``torch_latency_ms`` /
@@ -32,6 +36,8 @@ import statistics
 import time
 
 import torch
+
+from specdec_kernels.bench import machine
 
 # Shapes of real models (public configurations), instantiated with random weights.
 MODEL_SHAPES = {
@@ -146,13 +152,13 @@ def main(argv=None) -> None:
     parser.add_argument("--prefix", type=int, default=512, help="tokens already in the cache")
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--weights", default="float", choices=["float", "int4", "int8"],
+                        help="linear weights: the dtype's, or quantized (groups of 32)")
     parser.add_argument("--out", help="JSON file to write")
-    parser.add_argument("--isa", choices=["avx2", "avx512", "avx512_bf16", "portable"],
+    parser.add_argument("--isa", choices=machine.ISA_CHOICES,
                         help="run the CPU kernels (the package's and torch's) at this "
                         "instruction set (default: the best this CPU has)")
     args = parser.parse_args(argv)
-    from specdec_kernels import machine
-
     machine.cap_isa(args.isa)
 
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -162,9 +168,9 @@ def main(argv=None) -> None:
     )
     report = {
         "device": device_name,
-        "machine": machine.fingerprint(),
-        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": machine.machine_info(args.device),
         "dtype": args.dtype,
+        "weights": args.weights,
         "prefix": args.prefix,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
@@ -174,6 +180,10 @@ def main(argv=None) -> None:
         if name not in MODEL_SHAPES:
             raise SystemExit(f"unknown model {name!r}; choose from {sorted(MODEL_SHAPES)}")
         model = build_model(name, args.device, dtype)
+        if args.weights != "float":
+            from specdec_kernels.models.quantized_weight import quantize_model
+
+            quantize_model(model, 4 if args.weights == "int4" else 8, 32)
         paths = step_latencies(model, args.prefix, tokens, args.repeats)
         report.setdefault("kernels", {})[name] = paths.pop("kernels")
         engine, baseline = paths["engine"], paths["torch"]
@@ -186,7 +196,7 @@ def main(argv=None) -> None:
             "torch_relative_cost": {str(t): round(ms / torch_base, 3) for t, ms in baseline.items()},
         }
         print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}, "
-              f"{report['machine']['isa']}, {report['machine']['threads']} threads, engine "
+              f"{report['machine']['cpu_isa']}, {report['machine']['threads']} threads, engine "
               f"on the {report['kernels'][name]['path']} kernels): engine | torch")
         for t in tokens:
             print(f"  T={t:4d}  {engine[t]:9.2f} ms {engine[t] / base:6.2f}x | "

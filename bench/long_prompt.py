@@ -18,6 +18,7 @@ import time
 import torch
 
 from bench.cost_curve import MODEL_SHAPES, build_model
+from specdec_kernels.bench import machine
 
 
 def engine_seconds(model, prompt: list, new: int) -> tuple:
@@ -45,14 +46,10 @@ def main(argv=None) -> None:
     parser.add_argument("--prompt", default="800", help="prompt lengths in tokens")
     parser.add_argument("--new", type=int, default=64, help="new tokens")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--isa", choices=["avx2", "avx512", "avx512_bf16", "portable"])
+    parser.add_argument("--isa", choices=machine.ISA_CHOICES)
     args = parser.parse_args(argv)
-    from specdec_kernels import machine
-
     machine.cap_isa(args.isa)
-    fp = machine.fingerprint()
-    print(f"{fp['cpu']}, {fp['isa']}, {fp['threads']} threads, torch {fp['torch']} "
-          f"({torch.backends.cpu.get_cpu_capability()}); {args.new} new tokens; median s")
+    print(f"{machine.machine_line(machine.machine_info())}; {args.new} new tokens; median s")
     print("| model | prompt | ours: total (prefill) | HF generate: total (prefill) | speedup | kernels |")
     print("|---|---:|---:|---:|---:|---|")
     gen = torch.Generator().manual_seed(0)

@@ -1,7 +1,8 @@
 """Draft cost of the quantized-self prophet against the fp32 target on this machine: the
 latency of one decoding forward (one token after a prefix already in the cache) of the default
-model as the engine runs it (fp32, the package's CPU kernels) and of its int8 copy
-(``QuantizedSelfDrafter``'s draft model), interleaved, median over repeats.
+model as the engine runs it (fp32, the package's CPU kernels) and of its int4 and int8 copies
+(``QuantizedSelfDrafter``'s draft models, ``quantized_linear``), interleaved, median over
+repeats.
 
     python3 -m bench.quantized_cost --prefix 256 --repeats 30 --out cost.json
 """
@@ -36,15 +37,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
-    from specdec_kernels.decoding.quantized import quantize_int8
+    from specdec_kernels.decoding.quantized import quantized_copy
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.models import load_model
 
-    target = load_model().model
+    target = load_model(weights="float32").model
     start = time.perf_counter()
-    draft = quantize_int8(target)
+    int4 = quantized_copy(target, bits=4, group=32)
     quantize_seconds = time.perf_counter() - start
-    runners = {"fp32-target": ModelRunner(target), "int8-copy": ModelRunner(draft)}
+    int8 = quantized_copy(target, bits=8, group=32)
+    file_precision = load_model(weights="file").model
+    runners = {"fp32-target": ModelRunner(target), "int4-copy": ModelRunner(int4),
+               "int8-copy": ModelRunner(int8), "gguf-file": ModelRunner(file_precision)}
     times: dict = {name: [] for name in runners}
     with torch.inference_mode():
         for name, runner in runners.items():  # warm up
@@ -59,7 +63,8 @@ def main(argv=None) -> dict:
         "threads": torch.get_num_threads(),
         "prefix": args.prefix,
         "one_token_ms": {k: round(v, 3) for k, v in median.items()},
-        "draft_over_target": round(median["int8-copy"] / median["fp32-target"], 3),
+        "draft_over_target": {k: round(v / median["fp32-target"], 3) for k, v in median.items()},
+        "isa": __import__("specdec_kernels").ops.cpu_isa(),
         "quantize_seconds": round(quantize_seconds, 2),
     }
     print(json.dumps(result, indent=1))

@@ -40,7 +40,7 @@ def markdown(report) -> str:
     lines = [
         f"Machine: {machine.get('cpu', {}).get('brand_raw', '?')}, "
         f"{machine.get('python_implementation', '')} {machine.get('python_version', '')}"
-        + (f", package kernels on {ours['isa']}, {ours['threads']} threads, torch "
+        + (f", package kernels on {ours['cpu_isa']}, {ours['threads']} threads, torch "
            f"{ours['torch']} ({ours.get('torch_cpu_capability', '?')})" if ours else ""),
         "",
         "| group | benchmark | median (µs) | IQR (µs) | rounds | × amax | extra |",

@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "cpu_simd.h"
-#include "cuda/kernels/sampling.cuh"
+#include "core/sampling.h"
 
 namespace specdec {
 namespace rows {

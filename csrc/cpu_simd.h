@@ -111,7 +111,7 @@ SPECDEC_TARGET_AVX2 inline __m256 bf16_to_f32(__m128i bits) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 
-// specdec_exp (cuda/kernels/sampling.cuh) on 16 lanes: the same operations in the same order,
+// specdec_exp (core/sampling.h) on 16 lanes: the same operations in the same order,
 // none fused, so every lane is bit-identical to the scalar function. Inputs are never NaN.
 SPECDEC_TARGET_AVX512 inline __m512 exp16(__m512 x) {
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));

@@ -1,5 +1,5 @@
 // Deferred checks of the device-side error codes of the CUDA sampling and verification ops
-// (see the verification section of specdec_kernels/ops.py). The registry lives in CPU code so
+// (see the rules in specdec_kernels/ops/sampling.py). The registry lives in CPU code so
 // that the two control ops exist in every build; only the CUDA launchers queue checks.
 #pragma once
 

@@ -48,9 +48,8 @@ void compact_rows_cpu(at::TensorList caches, const Rows& rows, int64_t batch, in
 
 void compact_kv_cache_cpu(at::TensorList caches, const at::Tensor& cache_lens,
                           const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
-  check_cache_list(caches, 4, "[B, H, S, D]");
-  const ContiguousGeometry g = contiguous_geometry(caches[0]);
-  check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
+  const ContiguousGeometry g =
+      check_compact_args(caches, cache_lens, accept_positions, num_accepted);
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cpu", [&] {
     check_compact_values<index_t>(cache_lens, accept_positions, num_accepted, g.rows,
                                   "positions must be < S, the cache's capacity");
@@ -62,15 +61,9 @@ void compact_kv_cache_cpu(at::TensorList caches, const at::Tensor& cache_lens,
 void compact_paged_kv_cache_cpu(at::TensorList caches, const at::Tensor& block_tables,
                                 const at::Tensor& cache_lens, const at::Tensor& accept_positions,
                                 const at::Tensor& num_accepted) {
-  check_cache_list(caches, 4, "[num_blocks, block_size, H, D]");
-  const PagedGeometry g = paged_geometry(caches[0]);
-  check_index_dtype(block_tables, "block_tables");
-  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must have shape [B, max_blocks], got ",
-              block_tables.sizes());
+  const PagedGeometry g =
+      check_paged_compact_args(caches, block_tables, cache_lens, accept_positions, num_accepted);
   const int64_t batch = block_tables.size(0);
-  check_compact_indices(cache_lens, accept_positions, num_accepted, batch, caches[0].device());
-  check_tensor(block_tables, "block_tables", block_tables.sizes(), cache_lens.scalar_type(),
-               caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cpu", [&] {
     const index_t* tables = block_tables.const_data_ptr<index_t>();
     const int64_t max_blocks = block_tables.size(1);

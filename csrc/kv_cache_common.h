@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checks.h"
-#include "cuda/kernels/kv_cache.cuh"
+#include "core/kv_cache.h"
 
 namespace specdec {
 
@@ -169,6 +169,34 @@ inline PagedGeometry paged_geometry(const at::Tensor& c) {
   const int64_t e = c.element_size();
   return {c.size(0), c.size(1), c.size(2), c.size(3) * e,
           c.stride(0) * e, c.stride(1) * e, c.stride(2) * e};
+}
+
+// The arguments of a compaction of [B, H, S, D] caches; returns their geometry.
+inline ContiguousGeometry check_compact_args(at::TensorList caches, const at::Tensor& cache_lens,
+                                             const at::Tensor& accept_positions,
+                                             const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[B, H, S, D]");
+  const ContiguousGeometry g = contiguous_geometry(caches[0]);
+  check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
+  return g;
+}
+
+// The arguments of a paged compaction: caches [num_blocks, block_size, H, D], block_tables
+// [B, max_blocks] and the index tensors, one int dtype on the caches' device. Returns the
+// caches' geometry.
+inline PagedGeometry check_paged_compact_args(at::TensorList caches, const at::Tensor& block_tables,
+                                              const at::Tensor& cache_lens,
+                                              const at::Tensor& accept_positions,
+                                              const at::Tensor& num_accepted) {
+  check_cache_list(caches, 4, "[num_blocks, block_size, H, D]");
+  check_index_dtype(block_tables, "block_tables");
+  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must have shape [B, max_blocks], got ",
+                    block_tables.sizes());
+  check_compact_indices(cache_lens, accept_positions, num_accepted, block_tables.size(0),
+                        caches[0].device());
+  check_tensor(block_tables, "block_tables", block_tables.sizes(), cache_lens.scalar_type(),
+               caches[0].device());
+  return paged_geometry(caches[0]);
 }
 
 // Row addressing through a block table (on whatever device `tables` points to).

@@ -1,7 +1,7 @@
 // The one place where every specdec operator schema is declared.
 //
 // CPU kernels register themselves in csrc/*.cpp, CUDA kernels in csrc/cuda/*.cu, fake (meta)
-// kernels in specdec_kernels/ops.py. Mutating ops end in `_`, mark what they write with
+// kernels in specdec_kernels/ops/. Mutating ops end in `_`, mark what they write with
 // `Tensor(a!)` and return nothing; outputs have fixed shapes (-1 padded) so every op is
 // CUDA-graph safe and its fake kernel is trivial.
 
@@ -39,8 +39,8 @@ TORCH_LIBRARY(specdec, m) {
   // ---------------------------------------------------------------- verification
   // Per-request sampling parameters, all [B] on the logits' device: temperature (float32, 0 =
   // greedy), top_k (int64, <= 0 or >= V = off), top_p (float32 in (0, 1]), min_p (float32 in
-  // [0, 1)), seed and offset (int64: the Philox key and counter of kernels/philox.cuh).
-  // Processing and decision rules: kernels/sampling.cuh, kernels/verify.cuh.
+  // [0, 1)), seed and offset (int64: the Philox key and counter of core/philox.h).
+  // Processing and decision rules: core/sampling.h, core/verify.h.
   //
   // One token per row of logits [N, V] (float32/float16/bfloat16), drawn from the processed
   // distribution: tokens [N] int64.
@@ -111,6 +111,19 @@ TORCH_LIBRARY(specdec, m) {
   // The instruction set of the CPU kernels (avx512_bf16, avx512, avx2 or portable). cap >= 0
   // caps it (0 portable .. 3 avx512_bf16; for tests), -1 lifts the cap, -2 only asks.
   m.def("cpu_isa(int cap=-2) -> str");
+
+  // ---------------------------------------------------------------- quantized linear
+  // out = x @ W^T (+ bias) for x [..., K] (float32 or bfloat16) and W at a GGUF file's
+  // precision: qweight [N, K] int8 or [N, K / 2] uint8 (int4 pairs: in each 32-value block,
+  // byte j holds value j in its low nibble and value j + 16 in its high nibble, 0..15), in
+  // groups of G = K / scales.size(1) values along K (a power of two, >= 16 for int8, >= 32
+  // for int4), w = scales[n, g] * q + mins[n, g] (mins None: 0); scales and mins [N, K / G]
+  // float32 or float16. x is quantized per row to int8 in blocks of 32 (scale amax / 127,
+  // round half to even) and the products summed exactly in integers, then in float32: the
+  // result is batch-invariant on CPU (see csrc/cpu_qdot.h). out [..., N] in x's dtype.
+  m.def(
+      "quantized_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins=None, "
+      "Tensor? bias=None) -> Tensor");
 
   // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block
   // (block columns: the tree's nodes, then num_rows window rows). Request b's window has

@@ -1,5 +1,5 @@
 // CPU kernels of sample and sample_with_probs: one task per row of logits (see
-// kernels/sampling.cuh for the processing and kernels/philox.cuh for the uniforms).
+// core/sampling.h for the processing and core/philox.h for the uniforms).
 
 // Lets g++ if-convert the clamps of specdec_exp and vectorise the per-token loops; no IEEE
 // result changes (nothing here relies on floating-point traps).
@@ -61,19 +61,14 @@ void sample_rows_cpu(const at::Tensor& logits, const ParamPointers& params, int 
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> sample_cpu_impl(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset, bool with_probs) {
-  check_logits(logits, "logits", 2, "[N, V]");
-  const ParamTensors params{temperature, top_k, top_p, min_p, seed, offset};
+SampleResult sample_cpu(const at::Tensor& logits, const ParamTensors& params, bool with_probs) {
+  check_sample_args(logits, params);
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  check_params(params, rows, logits.device());
   at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
   at::Tensor probs =
       at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
-  const ParamPointers pointers(params);
+  const ParamPointers pointers = param_pointers(params);
   std::vector<uint64_t> errors(rows, kNoError);
   for (int64_t n = 0; n < rows; ++n) {
     const uint32_t kind = check_row_params(pointers.at(n));
@@ -90,25 +85,11 @@ std::tuple<at::Tensor, at::Tensor> sample_cpu_impl(
   return {tokens, probs};
 }
 
-at::Tensor sample_cpu(const at::Tensor& logits, const at::Tensor& temperature,
-                      const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-                      const at::Tensor& seed, const at::Tensor& offset) {
-  return std::get<0>(
-      sample_cpu_impl(logits, temperature, top_k, top_p, min_p, seed, offset, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> sample_with_probs_cpu(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset) {
-  return sample_cpu_impl(logits, temperature, top_k, top_p, min_p, seed, offset, true);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("sample", &sample_cpu);
-  m.impl("sample_with_probs", &sample_with_probs_cpu);
+  m.impl("sample", &sample_op<sample_cpu>);
+  m.impl("sample_with_probs", &sample_with_probs_op<sample_cpu>);
 }
 
 }  // namespace specdec

@@ -2,7 +2,7 @@
 // (cuda/sampling.cu) launchers of the sampling and verification ops.
 //
 // Value errors (bad parameters, malformed trees, draft ids out of range, NaN/+Inf logits) are
-// found per request by the kernels themselves (kernels/sampling.cuh: ErrorKind) and encoded as
+// found per request by the kernels themselves (core/sampling.h: ErrorKind) and encoded as
 // (kind << 32) | index; the launcher raises a ValueError for the first request with an error,
 // decoded here, so CPU and CUDA report the same message.
 #pragma once
@@ -13,9 +13,10 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 
 #include "checks.h"
-#include "cuda/kernels/sampling.cuh"
+#include "core/sampling.h"
 
 namespace specdec {
 
@@ -49,6 +50,12 @@ inline void check_logits(const at::Tensor& logits, const char* name, int64_t dim
   TORCH_CHECK_VALUE(logits.is_contiguous(), name, " must be contiguous");
   TORCH_CHECK_VALUE(logits.size(-1) >= 1 && logits.size(-1) <= 0x7fffffff, name,
                     " must have a vocabulary of 1 to 2^31 - 1 tokens, got shape ", logits.sizes());
+}
+
+// A sample / sample_with_probs call: logits [N, V], parameters [N].
+inline void check_sample_args(const at::Tensor& logits, const ParamTensors& params) {
+  check_logits(logits, "logits", 2, "[N, V]");
+  check_params(params, logits.size(0), logits.device());
 }
 
 // draft_probs, when given: float32 [B, R, V] matching the logits' vocabulary.
@@ -105,28 +112,12 @@ inline int mantissa_bits(c10::ScalarType t) {
   return t == at::kHalf ? 10 : (t == at::kBFloat16 ? 7 : 23);
 }
 
-// Host views of the parameters (CPU tensors).
-struct ParamPointers {
-  const float* temperature;
-  const int64_t* top_k;
-  const float* top_p;
-  const float* min_p;
-  const int64_t* seed;
-  const int64_t* offset;
-
-  explicit ParamPointers(const ParamTensors& p)
-      : temperature(p.temperature.const_data_ptr<float>()),
-        top_k(p.top_k.const_data_ptr<int64_t>()),
-        top_p(p.top_p.const_data_ptr<float>()),
-        min_p(p.min_p.const_data_ptr<float>()),
-        seed(p.seed.const_data_ptr<int64_t>()),
-        offset(p.offset.const_data_ptr<int64_t>()) {}
-
-  RowParams at(int64_t b) const {
-    return {temperature[b], top_k[b], top_p[b], min_p[b], static_cast<uint64_t>(seed[b]),
-            static_cast<uint64_t>(offset[b])};
-  }
-};
+// Pointers to the parameters' data (on their device).
+inline ParamPointers param_pointers(const ParamTensors& p) {
+  return {p.temperature.const_data_ptr<float>(), p.top_k.const_data_ptr<int64_t>(),
+          p.top_p.const_data_ptr<float>(),       p.min_p.const_data_ptr<float>(),
+          p.seed.const_data_ptr<int64_t>(),      p.offset.const_data_ptr<int64_t>()};
+}
 
 enum class OpKind { kSample, kChain, kTree };
 
@@ -141,6 +132,31 @@ struct ErrorContext {
   const at::Tensor* draft_probs = nullptr;  // when given
   int64_t vocab = 0;
 };
+
+// What the error messages of a verify_chain / verify_tree call name.
+inline ErrorContext chain_error_context(const ParamTensors& params, const at::Tensor& draft_tokens,
+                                        const at::Tensor& num_draft,
+                                        const std::optional<at::Tensor>& draft_probs,
+                                        int64_t vocab) {
+  ErrorContext c{OpKind::kChain, params};
+  c.tokens = &draft_tokens;
+  c.num_draft = &num_draft;
+  c.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
+  c.vocab = vocab;
+  return c;
+}
+
+inline ErrorContext tree_error_context(const ParamTensors& params, const at::Tensor& tree_tokens,
+                                       const at::Tensor& parents,
+                                       const std::optional<at::Tensor>& draft_probs,
+                                       int64_t vocab) {
+  ErrorContext c{OpKind::kTree, params};
+  c.tokens = &tree_tokens;
+  c.parents = &parents;
+  c.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
+  c.vocab = vocab;
+  return c;
+}
 
 template <typename T>
 T element(const at::Tensor& t, std::initializer_list<int64_t> index) {
@@ -223,6 +239,98 @@ inline void raise_first_error(const uint64_t* codes, int64_t batch, const ErrorC
   for (int64_t b = 0; b < batch; ++b) {
     if (codes[b] != kNoError) TORCH_CHECK_VALUE(false, describe_error(codes[b], b, ctx));
   }
+}
+
+// ----------------------------------------------------------------------------- entry points
+
+// How a verification op accepts drafts (core/verify.h): lossless rejection sampling, or
+// typical acceptance with its threshold min(eps, alpha * exp(-H)).
+struct AcceptanceRule {
+  bool typical = false;
+  float posterior_threshold = 0.0f;  // eps
+  float posterior_alpha = 0.0f;      // alpha
+};
+
+inline AcceptanceRule typical_rule(double posterior_threshold, double posterior_alpha) {
+  return {true, static_cast<float>(posterior_threshold), static_cast<float>(posterior_alpha)};
+}
+
+using SampleResult = std::tuple<at::Tensor, at::Tensor>;
+using ChainResult = std::tuple<at::Tensor, at::Tensor>;
+using TreeResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using SampleImpl = SampleResult (*)(const at::Tensor& logits, const ParamTensors& params,
+                                    bool with_probs);
+using ChainImpl = ChainResult (*)(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                                  const at::Tensor& target_logits,
+                                  const std::optional<at::Tensor>& draft_probs,
+                                  const ParamTensors& params, const AcceptanceRule& rule);
+using TreeImpl = TreeResult (*)(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                                const at::Tensor& target_logits,
+                                const std::optional<at::Tensor>& draft_probs,
+                                const ParamTensors& params, const AcceptanceRule& rule);
+
+// The schemas' argument lists (csrc/registration.cpp), forwarded to a device's implementation
+// of the op family: each device (CPU: sampling.cpp, verify.cpp; CUDA: cuda/sampling.cu) defines
+// one function per family and registers these, e.g. m.impl("sample", &sample_op<sample_cpu>).
+template <SampleImpl kImpl>
+at::Tensor sample_op(const at::Tensor& logits, const at::Tensor& temperature,
+                     const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
+                     const at::Tensor& seed, const at::Tensor& offset) {
+  return std::get<0>(kImpl(logits, {temperature, top_k, top_p, min_p, seed, offset}, false));
+}
+
+template <SampleImpl kImpl>
+SampleResult sample_with_probs_op(const at::Tensor& logits, const at::Tensor& temperature,
+                                  const at::Tensor& top_k, const at::Tensor& top_p,
+                                  const at::Tensor& min_p, const at::Tensor& seed,
+                                  const at::Tensor& offset) {
+  return kImpl(logits, {temperature, top_k, top_p, min_p, seed, offset}, true);
+}
+
+template <ChainImpl kImpl>
+ChainResult verify_chain_op(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                            const at::Tensor& target_logits,
+                            const std::optional<at::Tensor>& draft_probs,
+                            const at::Tensor& temperature, const at::Tensor& top_k,
+                            const at::Tensor& top_p, const at::Tensor& min_p,
+                            const at::Tensor& seed, const at::Tensor& offset) {
+  return kImpl(draft_tokens, num_draft, target_logits, draft_probs,
+               {temperature, top_k, top_p, min_p, seed, offset}, AcceptanceRule{});
+}
+
+template <ChainImpl kImpl>
+ChainResult typical_verify_chain_op(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                                    const at::Tensor& target_logits,
+                                    const at::Tensor& temperature, const at::Tensor& top_k,
+                                    const at::Tensor& top_p, const at::Tensor& min_p,
+                                    const at::Tensor& seed, const at::Tensor& offset,
+                                    double posterior_threshold, double posterior_alpha) {
+  return kImpl(draft_tokens, num_draft, target_logits, std::nullopt,
+               {temperature, top_k, top_p, min_p, seed, offset},
+               typical_rule(posterior_threshold, posterior_alpha));
+}
+
+template <TreeImpl kImpl>
+TreeResult verify_tree_op(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                          const at::Tensor& target_logits,
+                          const std::optional<at::Tensor>& draft_probs,
+                          const at::Tensor& temperature, const at::Tensor& top_k,
+                          const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
+                          const at::Tensor& offset) {
+  return kImpl(tree_tokens, parents, target_logits, draft_probs,
+               {temperature, top_k, top_p, min_p, seed, offset}, AcceptanceRule{});
+}
+
+template <TreeImpl kImpl>
+TreeResult typical_verify_tree_op(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                                  const at::Tensor& target_logits, const at::Tensor& temperature,
+                                  const at::Tensor& top_k, const at::Tensor& top_p,
+                                  const at::Tensor& min_p, const at::Tensor& seed,
+                                  const at::Tensor& offset, double posterior_threshold,
+                                  double posterior_alpha) {
+  return kImpl(tree_tokens, parents, target_logits, std::nullopt,
+               {temperature, top_k, top_p, min_p, seed, offset},
+               typical_rule(posterior_threshold, posterior_alpha));
 }
 
 }  // namespace specdec

@@ -1,4 +1,4 @@
-// One processed row of logits on the CPU: the Row of kernels/verify.cuh for the CPU kernels of
+// One processed row of logits on the CPU: the Row of core/verify.h for the CPU kernels of
 // the sampling and verification ops. A task owns one CpuRow and reuses its buffers row after
 // row, so nothing of size [B, K+1, V] is ever allocated.
 //
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "cpu_rows.h"
-#include "cuda/kernels/philox.cuh"
-#include "cuda/kernels/sampling.cuh"
+#include "core/philox.h"
+#include "core/sampling.h"
 
 namespace specdec {
 
@@ -75,7 +75,7 @@ class CpuRow {
     return scan;
   }
 
-  // Applies temperature, top-k, top-p and min-p (see kernels/sampling.cuh). Greedy rows need
+  // Applies temperature, top-k, top-p and min-p (see core/sampling.h). Greedy rows need
   // nothing beyond load(). `with_entropy` also computes the typical-acceptance sum A.
   void process(const RowParams& params, bool with_entropy) {
     greedy_ = params.greedy();
@@ -107,7 +107,7 @@ class CpuRow {
     draft_row_shift_ = row_shift;
   }
 
-  // ---- the Row interface of kernels/verify.cuh
+  // ---- the Row interface of core/verify.h
   int64_t argmax() const { return argmax_; }
   float prob(int64_t x) const {
     if (greedy_) return x == argmax_ ? 1.0f : 0.0f;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu_dot.h"
-#include "cuda/kernels/sampling.cuh"
+#include "core/sampling.h"
 #include "tree_common.h"
 
 namespace specdec {

@@ -10,7 +10,7 @@
 #include <algorithm>
 
 #include "checks.h"
-#include "cuda/kernels/tree.cuh"
+#include "core/tree.h"
 
 namespace specdec {
 

@@ -1,5 +1,5 @@
 // CPU kernels of the verification ops: one task per request. Rows are processed lazily, in the
-// order the decision needs them (kernels/verify.cuh holds the decision logic, shared with CUDA),
+// order the decision needs them (core/verify.h holds the decision logic, shared with CUDA),
 // so a request whose first draft is rejected processes one row; every row the request owns is
 // still checked for NaN/+Inf, so errors do not depend on the random decisions.
 
@@ -18,19 +18,12 @@
 #include <tuple>
 #include <vector>
 
-#include "cuda/kernels/verify.cuh"
+#include "core/verify.h"
 #include "sampling_common.h"
 #include "sampling_cpu.h"
 
 namespace specdec {
 namespace {
-
-enum class VerifyMode { kRejection, kTypical };
-
-struct TypicalParams {
-  float posterior_threshold;
-  float posterior_alpha;
-};
 
 // Output pointers of one request.
 struct RequestOutput {
@@ -112,7 +105,7 @@ template <typename scalar_t, typename Layout>
 void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* logits,
                        const rows::Scan* scans, int64_t vocab, int mantissa,
                        const RowParams& params,
-                       const TypicalParams& typical, CpuRow& row, NodeScratch& scratch,
+                       const AcceptanceRule& rule, CpuRow& row, NodeScratch& scratch,
                        const RequestOutput& out) {
   const bool greedy = params.greedy();
   for (int64_t j = 0; j < num_nodes; ++j) {
@@ -129,7 +122,7 @@ void walk_longest_path(const Layout& layout, int64_t num_nodes, const scalar_t* 
     }
     const float threshold =
         greedy ? 0.0f
-               : row.typical_threshold_for(typical.posterior_threshold, typical.posterior_alpha);
+               : row.typical_threshold_for(rule.posterior_threshold, rule.posterior_alpha);
     if (!judge_children(layout, row, j, greedy, threshold, scratch.passed.data())) {
       const float u =
           uniforms_at(params.seed, params.offset, static_cast<uint32_t>(j), kStreamVerify).sample;
@@ -150,8 +143,7 @@ struct VerifyCall {
   const at::Tensor& target_logits;  // [B, R, V]
   const std::optional<at::Tensor>& draft_probs;
   const ParamPointers& params;
-  VerifyMode mode;
-  TypicalParams typical;
+  AcceptanceRule rule;
 };
 
 // Validation of a request's draft tokens and draft probabilities at them (node j drafted from
@@ -221,8 +213,8 @@ void verify_requests_cpu(const VerifyCall& call, MakeLayout make_layout, int64_t
       prepare_layout(layout, scratch);
       const RequestOutput out{tokens + b * tokens_cols,
                               nodes == nullptr ? nullptr : nodes + b * rows, num_accepted + b};
-      if (p.greedy() || call.mode == VerifyMode::kTypical) {
-        walk_longest_path(layout, rows, logits_b, scans_b, vocab, mantissa, p, call.typical, row,
+      if (p.greedy() || call.rule.typical) {
+        walk_longest_path(layout, rows, logits_b, scans_b, vocab, mantissa, p, call.rule, row,
                           scratch, out);
       } else {
         walk_rejection(layout, logits_b, vocab, mantissa, p, draft_probs != nullptr, row, scratch,
@@ -264,10 +256,10 @@ std::vector<uint64_t> check_all_params(const ParamPointers& params, int64_t batc
 
 // ----------------------------------------------------------------------------- chains
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, VerifyMode mode,
-    TypicalParams typical) {
+ChainResult verify_chain_cpu(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                             const at::Tensor& target_logits,
+                             const std::optional<at::Tensor>& draft_probs,
+                             const ParamTensors& params, const AcceptanceRule& rule) {
   check_chain_inputs(draft_tokens, num_draft, target_logits, draft_probs, params);
   const int64_t batch = draft_tokens.size(0);
   const int64_t k = draft_tokens.size(1);
@@ -275,7 +267,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
 
   at::Tensor tokens = at::full({batch, k + 1}, -1, draft_tokens.options());
   at::Tensor num_accepted = at::full({batch}, 0, draft_tokens.options());
-  const ParamPointers pointers(params);
+  const ParamPointers pointers = param_pointers(params);
   std::vector<uint64_t> errors = check_all_params(pointers, batch);
   const int64_t* drafts = draft_tokens.const_data_ptr<int64_t>();
   const int64_t* counts = num_draft.const_data_ptr<int64_t>();
@@ -293,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
       if (error < errors[b]) errors[b] = error;
     }
   }
-  const VerifyCall call{target_logits, draft_probs, pointers, mode, typical};
+  const VerifyCall call{target_logits, draft_probs, pointers, rule};
   auto make_layout = [&](int64_t b) { return ChainLayout{drafts + b * k, counts[b]}; };
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, target_logits.scalar_type(),
                                   "verify_chain_cpu", [&] {
@@ -301,42 +293,18 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cpu_impl(
                                   tokens.mutable_data_ptr<int64_t>(), k + 1, nullptr,
                                   num_accepted.mutable_data_ptr<int64_t>(), errors);
   });
-  ErrorContext ctx{OpKind::kChain, params};
-  ctx.tokens = &draft_tokens;
-  ctx.num_draft = &num_draft;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = vocab;
+  const ErrorContext ctx =
+      chain_error_context(params, draft_tokens, num_draft, draft_probs, vocab);
   raise_first_error(errors.data(), batch, ctx);
   return {tokens, num_accepted};
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cpu(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_chain_cpu_impl(draft_tokens, num_draft, target_logits, draft_probs,
-                               {temperature, top_k, top_p, min_p, seed, offset},
-                               VerifyMode::kRejection, {0.0f, 0.0f});
-}
-
-std::tuple<at::Tensor, at::Tensor> typical_verify_chain_cpu(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_chain_cpu_impl(
-      draft_tokens, num_draft, target_logits, std::nullopt,
-      {temperature, top_k, top_p, min_p, seed, offset}, VerifyMode::kTypical,
-      {static_cast<float>(posterior_threshold), static_cast<float>(posterior_alpha)});
-}
-
 // ----------------------------------------------------------------------------- trees
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu_impl(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, VerifyMode mode,
-    TypicalParams typical) {
+TreeResult verify_tree_cpu(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                           const at::Tensor& target_logits,
+                           const std::optional<at::Tensor>& draft_probs,
+                           const ParamTensors& params, const AcceptanceRule& rule) {
   check_tree_inputs(tree_tokens, parents, target_logits, draft_probs, params);
   const int64_t batch = tree_tokens.size(0);
   const int64_t num_nodes = tree_tokens.size(1);
@@ -345,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu_impl(
   at::Tensor nodes = at::full({batch, num_nodes}, -1, tree_tokens.options());
   at::Tensor tokens = at::full({batch, num_nodes}, -1, tree_tokens.options());
   at::Tensor num_accepted = at::full({batch}, 0, tree_tokens.options());
-  const ParamPointers pointers(params);
+  const ParamPointers pointers = param_pointers(params);
   std::vector<uint64_t> errors = check_all_params(pointers, batch);
   const int64_t* toks = tree_tokens.const_data_ptr<int64_t>();
   const int64_t* pars = parents.const_data_ptr<int64_t>();
@@ -367,7 +335,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu_impl(
     }
     errors[b] = code;
   }
-  const VerifyCall call{target_logits, draft_probs, pointers, mode, typical};
+  const VerifyCall call{target_logits, draft_probs, pointers, rule};
   auto make_layout = [&](int64_t b) {
     return TreeLayout{toks + b * num_nodes, pars + b * num_nodes, num_nodes};
   };
@@ -378,43 +346,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu_impl(
                                   nodes.mutable_data_ptr<int64_t>(),
                                   num_accepted.mutable_data_ptr<int64_t>(), errors);
   });
-  ErrorContext ctx{OpKind::kTree, params};
-  ctx.tokens = &tree_tokens;
-  ctx.parents = &parents;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = vocab;
+  const ErrorContext ctx =
+      tree_error_context(params, tree_tokens, parents, draft_probs, vocab);
   raise_first_error(errors.data(), batch, ctx);
   return {nodes, tokens, num_accepted};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_tree_cpu_impl(tree_tokens, parents, target_logits, draft_probs,
-                              {temperature, top_k, top_p, min_p, seed, offset},
-                              VerifyMode::kRejection, {0.0f, 0.0f});
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> typical_verify_tree_cpu(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_tree_cpu_impl(
-      tree_tokens, parents, target_logits, std::nullopt,
-      {temperature, top_k, top_p, min_p, seed, offset}, VerifyMode::kTypical,
-      {static_cast<float>(posterior_threshold), static_cast<float>(posterior_alpha)});
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("verify_chain", &verify_chain_cpu);
-  m.impl("verify_tree", &verify_tree_cpu);
-  m.impl("typical_verify_chain", &typical_verify_chain_cpu);
-  m.impl("typical_verify_tree", &typical_verify_tree_cpu);
+  m.impl("verify_chain", &verify_chain_op<verify_chain_cpu>);
+  m.impl("verify_tree", &verify_tree_op<verify_tree_cpu>);
+  m.impl("typical_verify_chain", &typical_verify_chain_op<verify_chain_cpu>);
+  m.impl("typical_verify_tree", &typical_verify_tree_op<verify_tree_cpu>);
 }
 
 }  // namespace specdec

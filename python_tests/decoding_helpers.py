@@ -53,7 +53,7 @@ def default_model():
     if reason is not None:
         pytest.skip(f"needs the bundled default model: {reason}")
 
-    return load_default_model(dtype=torch.float32)
+    return load_default_model(dtype=torch.float32, weights="float32")
 
 
 def tiny_config(family: str, vocab: int, layers: int, **overrides):

@@ -236,7 +236,6 @@ def test_drafter_options_and_linear_mode_reach_our_methods():
     [
         (["--methods", "hf-generate,ours-prompt-lookup", "--num-draft", "3"],
          "--num-draft: no method of this run takes it (hf-generate, ours-prompt-lookup)"),
-        (["--max-new-tokens", "0"], "--max-new-tokens, --repeats and --batch-size must be >= 1"),
         (["--methods", "ours-draft-model"], "['ours-draft-model'] need a draft model (--draft)"),
         (["--methods", "hf-frobnicate"], "unknown methods ['hf-frobnicate']"),
         (["--categories", "poetry"], "unknown categories ['poetry']"),

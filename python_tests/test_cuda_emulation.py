@@ -1,18 +1,34 @@
-"""The CUDA kernels of tree attention and KV compaction, run by the CPU emulator
-(python_tests/emulation.py), against the reference: their indexing, mma.sync / ldmatrix fragment
-layouts, cp.async pipelining, masks, splits and combine are tested without a GPU. Cases run in
-the emulator's two schedules: warps in lockstep with cp.async data landing at the wait (a read
+"""The CUDA kernels of tree attention, KV compaction and rollback, and the mask builders, run by
+the CPU emulator (python_tests/emulation.py) with their launchers' configuration, against the
+reference: their indexing, mma.sync / ldmatrix fragment layouts, cp.async pipelining, masks,
+splits and combine, warp ballots and block scans are tested without a GPU, and every load and
+store is checked (shared-memory races, guard zones around every buffer). Cases run in the
+emulator's two schedules: warps in lockstep with cp.async data landing at the wait (a read
 before its wait or barrier sees stale data), and adversarial, each warp running ahead alone with
 data landing at issue (a stage refilled while another warp still reads it is overwritten).
 
-On a GPU the same shapes run for real in test_tree_attention.py / test_kv_cache.py.
+On a GPU the same shapes run for real in test_tree_attention.py, test_kv_cache.py, test_tree.py
+and test_lookahead.py, whose case builders these tests share.
 """
 
 import pytest
 import torch
 
 from python_tests import emulation
-from python_tests.test_kv_cache import random_accepts, random_paged_accepts
+from python_tests.conftest import INDEX_DTYPES
+from python_tests.test_kv_cache import (
+    ROLLBACK_MAX_BLOCKS,
+    random_accepts,
+    random_paged_accepts,
+    random_rollback,
+)
+from python_tests.test_lookahead import LOOKAHEAD_TREE_NODES, random_windows
+from python_tests.test_tree import (
+    MEDUSA_NODES,
+    RAGGED_NODES,
+    random_medusa_parents,
+    random_ragged_trees,
+)
 from python_tests.test_tree_attention import (
     assert_flash_rule,
     make_case,
@@ -148,15 +164,17 @@ def test_tree_from_build_tree_masks(gen):
 @pytest.mark.parametrize("max_accepted", [6, 16, 20])
 def test_compact(gen, dtype, head_dim, max_accepted):
     """Register kernel (up to 16 accepted rows) and shared-memory kernel (wider), overlapping
-    sources and destinations, vector widths 16 / 8 / 2 bytes."""
+    sources and destinations, vector widths 16 / 8 / 2 bytes, int64 and int32 indices."""
     batch, heads, capacity, layers = 5, 3, 37, 2
+    index = torch.int32 if max_accepted == 16 else torch.int64
     cache_lens = torch.randint(0, capacity - 1, (batch,), generator=gen).tolist()
     positions, counts = random_accepts(cache_lens, capacity, max_accepted, gen, overlap=True)
+    positions, counts = positions.to(index), counts.to(index)
     caches = [torch.randn(batch, heads, capacity, head_dim, generator=gen).to(dtype)
               for _ in range(2 * layers)]
     expected = [c.clone() for c in caches]
-    lens, expected_lens = torch.tensor(cache_lens), torch.tensor(cache_lens)
-    kernel = emulation.compact(caches, lens, positions, counts)
+    lens, expected_lens = torch.tensor(cache_lens, dtype=index), torch.tensor(cache_lens, dtype=index)
+    kernel = emulation.compact(caches, lens, positions, counts, adversarial=head_dim == 40)
     reference.compact_kv_cache_(expected, expected_lens, positions, counts)
     assert kernel == (1 if max_accepted <= 16 else 2)
     assert torch.equal(lens, expected_lens)
@@ -191,3 +209,103 @@ def test_compact_unchecked_indices_stay_inside_the_cache(gen):
     assert torch.equal(caches[0][0, :, 7], before[0, :, 7])
     assert torch.equal(caches[0][1, :, 3:5], before[1, :, 5:7])  # 100 skipped; 5, 6 -> 3, 4
     assert torch.equal(caches[0][1, :, 2], before[1, :, 2])
+
+
+# ----------------------------------------------------------------------------- paged rollback
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("max_blocks", ROLLBACK_MAX_BLOCKS)
+def test_rollback_paged(gen, index_dtype, max_blocks):
+    """One warp per request, freed ids compacted by ballot, tables wider than a warp; every
+    entry of freed_blocks written (it starts poisoned)."""
+    batch, block_size = 7, 4
+    tables, old, new = (t.to(index_dtype) for t in random_rollback(batch, max_blocks, block_size, gen))
+    got_tables, got_lens = tables.clone(), old.clone()
+    freed = torch.full_like(tables, -7)
+    emulation.rollback(got_tables, got_lens, new, block_size, freed,
+                       adversarial=max_blocks > 32)
+    want_tables, want_lens = tables.clone(), old.clone()
+    want_freed = reference.rollback_paged_kv_cache_(want_tables, want_lens, new, block_size)
+    assert torch.equal(freed, want_freed) and torch.equal(got_tables, want_tables)
+    assert torch.equal(got_lens, new)
+
+
+def test_rollback_holes_and_sentinels():
+    tables = torch.tensor([[7, -1, 3, 5, -1, 2], [7, 4, -2, 5, -1, -1]])
+    lens, freed = torch.tensor([24, 16]), torch.full_like(tables, -7)
+    emulation.rollback(tables, lens, torch.tensor([3, 4]), 4, freed)
+    assert tables.tolist() == [[7] + [-1] * 5] * 2
+    assert freed.tolist() == [[3, 5, 2, -1, -1, -1], [4, 5, -1, -1, -1, -1]]
+    assert lens.tolist() == [3, 4]
+
+
+# ----------------------------------------------------------------------------- mask builders
+
+
+def assert_masks_equal(got, want):
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("num_nodes", RAGGED_NODES)
+def test_build_tree_masks_random_ragged(gen, index_dtype, num_nodes):
+    """A block per request, more nodes than threads' first pass for 70 (a scan per 256 nodes
+    is one chunk: several warps' leaves), trees crossing the 32-node word."""
+    _, parents, prefix = random_ragged_trees(5, num_nodes, index_dtype, gen)
+    got = emulation.build_tree_masks(parents, prefix, adversarial=num_nodes % 2 == 1)
+    assert_masks_equal(got, reference.build_tree_masks(parents, prefix))
+
+
+@pytest.mark.parametrize("num_nodes", MEDUSA_NODES)
+def test_build_tree_masks_medusa_choices(gen, num_nodes):
+    parents = random_medusa_parents(num_nodes, gen)
+    prefix = torch.tensor([0, 17, 4096])
+    assert_masks_equal(emulation.build_tree_masks(parents, prefix),
+                       reference.build_tree_masks(parents, prefix))
+
+
+def test_build_tree_masks_wider_than_a_block(gen):
+    """More nodes than the block's 256 threads: every loop over nodes and the leaf scan run in
+    several chunks."""
+    _, parents, prefix = random_ragged_trees(2, 300, torch.int64, gen)
+    parents[1] = torch.tensor([-1] + list(range(299)))  # a chain: one leaf, the last node
+    assert_masks_equal(emulation.build_tree_masks(parents, prefix, adversarial=True),
+                       reference.build_tree_masks(parents, prefix))
+
+
+def test_build_tree_masks_empty_requests_and_sizes():
+    parents = torch.tensor([[-2, -2, -2], [-1, 0, 1]])
+    prefix = torch.tensor([4, 0])
+    assert_masks_equal(emulation.build_tree_masks(parents, prefix),
+                       reference.build_tree_masks(parents, prefix))
+    empty = emulation.build_tree_masks(torch.zeros(2, 0, dtype=torch.int64), torch.tensor([1, 2]))
+    assert empty[0].shape == (2, 0, 0) and empty[5].tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("tree_nodes", LOOKAHEAD_TREE_NODES)
+def test_build_lookahead_masks(gen, index_dtype, tree_nodes):
+    window, levels, _, num_rows = random_windows(5, gen)
+    window, levels = window.to(index_dtype), levels.to(index_dtype)
+    got = emulation.build_lookahead_masks(window, levels, tree_nodes, num_rows,
+                                          adversarial=tree_nodes > 30)
+    assert_masks_equal(got, reference.build_lookahead_masks(window, levels, tree_nodes, num_rows))
+
+
+def test_build_lookahead_masks_rows_past_a_block():
+    """More window rows than a block's 128 threads, and the padding rows of short windows."""
+    window, levels = torch.tensor([12, 3, 0]), torch.tensor([14, 2, 4])
+    got = emulation.build_lookahead_masks(window, levels, 2, 170)
+    assert_masks_equal(got, reference.build_lookahead_masks(window, levels, 2, 170))
+
+
+def test_compact_destinations_past_the_cache_are_skipped(gen):
+    """Unvalidated lengths whose destinations run past the capacity: those rows are skipped
+    (not written into the next head's rows, nor past the buffer); the lengths still advance."""
+    caches = [torch.randn(2, 2, 8, 64, generator=gen).half()]
+    before = caches[0].clone()
+    lens = torch.tensor([7, 7])
+    emulation.compact(caches, lens, torch.tensor([[7, 7], [7, 7]]), torch.tensor([2, 2]))
+    assert torch.equal(caches[0], before) and lens.tolist() == [9, 9]

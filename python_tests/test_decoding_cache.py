@@ -17,7 +17,7 @@ from specdec_kernels.decoding import (
     SelfSpeculativeDrafter,
     StopCriteria,
 )
-from specdec_kernels.decoding.step import SamplingParams
+from specdec_kernels.sampling import SamplingParams
 from specdec_kernels.models.hf_compat import cache_kwargs
 
 STEPS = 14

@@ -2,6 +2,7 @@
 stand-in Python whose pip "builds" quickly (the real build is what CI runs)."""
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -74,3 +75,21 @@ def test_readme_shows_the_two_commands_unchanged():
     readme = (ROOT / "README.md").read_text()
     assert "bash scripts/install.sh && python3 -m specdec_kernels.bench" in readme
     assert "bash scripts/install.sh && python3 -m pytest -q" in readme
+
+
+def test_install_script_and_pyproject_declare_one_range():
+    """The transformers and torch ranges: pyproject.toml declares them, install.sh installs
+    the same, the README's table says them, and the floor check reads pyproject.toml."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    install = (ROOT / "scripts" / "install.sh").read_text()
+    readme = (ROOT / "README.md").read_text()
+    (declared,) = re.findall(r'"(transformers>=[0-9.]+,<[0-9.]+)"', pyproject)
+    assert f'TRANSFORMERS_RANGE="{declared}"' in install
+    floor, cap = re.match(r"transformers>=([0-9.]+),<([0-9.]+)", declared).groups()
+    assert f"| transformers | >= {floor}, < {cap} |" in readme
+    torch_floor = re.search(r'"torch>=([0-9.]+)"', pyproject).group(1)
+    assert f'"torch=={torch_floor}.0"' in install  # install.sh pins the tested torch
+    assert f"| torch | >= {torch_floor} |" in readme
+    check = subprocess.run(["bash", "scripts/check_transformers.sh", "nonsense"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and "usage" in check.stderr

@@ -1,5 +1,6 @@
-"""The per-machine choice of CPU kernels (kernel_choice), its cache (machine), and the runner's
-routing by the kind of forward: prefill linears may go to torch's GEMM, verification never."""
+"""The per-machine choice of CPU kernels (kernel_choice), its cache (machine_cache), and the
+runner's routing by the kind of forward: prefill linears may go to torch's GEMM, verification
+never."""
 
 import os
 import subprocess
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from python_tests.decoding_helpers import tiny_model
-from specdec_kernels import machine, ops
-from specdec_kernels.decoding import kernel_choice
+from specdec_kernels import ops
+from specdec_kernels.bench import machine
+from specdec_kernels.decoding import kernel_choice, machine_cache
 from specdec_kernels.decoding.kernel_choice import KernelChoice, choose, decide
 from specdec_kernels.decoding.runner import ModelRunner
 
@@ -45,19 +47,19 @@ def test_machine_cache_round_trip(cache_dir):
         calls.append(1)
         return {"value": 3}
 
-    assert machine.lookup("probe", {"shape": 1}) is None
-    assert machine.measured("probe", {"shape": 1}, measure) == {"value": 3}
-    assert machine.measured("probe", {"shape": 1}, measure) == {"value": 3}
+    assert machine_cache.lookup("probe", {"shape": 1}) is None
+    assert machine_cache.measured("probe", {"shape": 1}, measure) == {"value": 3}
+    assert machine_cache.measured("probe", {"shape": 1}, measure) == {"value": 3}
     assert len(calls) == 1  # the second call read the file
-    assert machine.lookup("probe", {"shape": 2}) is None
+    assert machine_cache.lookup("probe", {"shape": 2}) is None
     ops.cpu_isa("portable")
     try:  # another instruction set is another machine
-        assert machine.lookup("probe", {"shape": 1}) is None
+        assert machine_cache.lookup("probe", {"shape": 1}) is None
     finally:
         ops.cpu_isa("none")
-    machine.forget("probe")
-    assert machine.lookup("probe", {"shape": 1}) is None
-    fp = machine.fingerprint()
+    machine_cache.forget("probe")
+    assert machine_cache.lookup("probe", {"shape": 1}) is None
+    fp = machine_cache.fingerprint()
     assert set(fp) == {"cpu", "isa", "threads", "torch"} and fp["isa"] == ops.cpu_isa()
 
 
@@ -65,7 +67,7 @@ def test_unwritable_cache_still_measures(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(blocker / "sub"))  # cannot be created
-    assert machine.measured("probe", None, lambda: {"v": 1}) == {"v": 1}
+    assert machine_cache.measured("probe", None, lambda: {"v": 1}) == {"v": 1}
 
 
 def test_choose_measures_once_and_says_why(cache_dir, monkeypatch):
@@ -98,6 +100,20 @@ def test_choose_by_request_and_environment(cache_dir, monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_KERNELS", "fastest")
     with pytest.raises(ValueError, match="SPECDEC_CPU_KERNELS"):
         choose(model)
+
+
+def test_quantized_linears_are_not_measured(cache_dir, monkeypatch):
+    """Weights at a file's precision have only the package's kernel: they are not timed, and a
+    model with nothing else keeps the package's kernels."""
+    from specdec_kernels.models.quantized_weight import quantize_model
+
+    monkeypatch.setenv("SPECDEC_CPU_KERNELS", "auto")
+    model = tiny_model("llama", layers=1)
+    dense = len(kernel_choice.linear_weights(model))
+    quantize_model(model, 8, 32)
+    assert 0 < dense and kernel_choice.linear_weights(model) == []
+    monkeypatch.setattr(kernel_choice, "measure_linears", lambda weights: pytest.fail("measured"))
+    assert choose(model).package
 
 
 def test_measured_slower_package_defaults_to_torch(cache_dir, monkeypatch):
@@ -152,7 +168,7 @@ def test_cap_isa_restarts_with_torch_capped():
     """``cap_isa("avx2")`` re-executes the process with torch's own kernels capped too."""
     if ops.cpu_isa() == "portable":
         pytest.skip("this CPU has no AVX2")
-    code = ("from specdec_kernels import machine; import torch; "
+    code = ("from specdec_kernels.bench import machine; import torch; "
             "print(machine.cap_isa('avx2'), torch.backends.cpu.get_cpu_capability())")
     env = {k: v for k, v in os.environ.items() if k not in machine.TORCH_ISA_ENV["avx2"]}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -238,14 +238,24 @@ def test_compact_paged_rejects_writes_into_shared_blocks(device, case):
     assert torch.equal(lens, before) and caches[0].eq(0).all()  # nothing ran
 
 
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("max_blocks", [3, 40])
-def test_rollback_paged_matches_reference(device, gen, index_dtype, max_blocks):
-    batch, block_size = 7, 4
+# Table widths of the reference comparison (also run by the CUDA kernel's emulation).
+ROLLBACK_MAX_BLOCKS = [3, 40]
+
+
+def random_rollback(batch, max_blocks, block_size, gen):
+    """Random tables (0..max_blocks blocks per request, full) and truncated lengths; returns
+    (tables, old lengths, new lengths)."""
     allocated = torch.randint(0, max_blocks + 1, (batch,), generator=gen).tolist()
     tables = random_block_tables(batch, max_blocks, sum(allocated) + 1, allocated, gen)
     old = torch.tensor([a * block_size for a in allocated])
-    new = (old.float() * torch.rand(batch, generator=gen)).long()
+    return tables, old, (old.float() * torch.rand(batch, generator=gen)).long()
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("max_blocks", ROLLBACK_MAX_BLOCKS)
+def test_rollback_paged_matches_reference(device, gen, index_dtype, max_blocks):
+    batch, block_size = 7, 4
+    tables, old, new = random_rollback(batch, max_blocks, block_size, gen)
     idx = lambda t: as_index(t, index_dtype, device)  # noqa: E731
     got_tables, got_lens = idx(tables), idx(old)
     want_tables, want_lens = idx(tables), idx(old)

@@ -33,14 +33,10 @@ from specdec_kernels.decoding import (
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import NoDrafter
 from specdec_kernels.decoding.runner import ModelRunner
-from specdec_kernels.decoding.medusa import (
-    TreeChoice,
-    choose_tree,
-    default_heads_path,
-    expected_tokens,
-)
+from specdec_kernels.decoding.medusa import choose_tree, default_heads_path, expected_tokens
 from specdec_kernels.medusa.heads import MedusaHeads, load_heads
 from specdec_kernels.models import encode_prompts
+from specdec_kernels.tree import tree_from_choices
 
 
 # ---------------------------------------------------------------------------- the doorway
@@ -257,7 +253,7 @@ def test_bad_drafter_arguments():
     with pytest.raises(ValueError, match="num_draft"):
         BlockwiseDrafter(heads, num_draft=0)
     with pytest.raises(ValueError, match="lacks its parent"):
-        TreeChoice([(0,), (1, 0)])
+        tree_from_choices([(0,), (1, 0)])
     with pytest.raises(ValueError, match="draft_ids"):
         MedusaHeads(8, 10, 2, draft_ids=torch.tensor([3, 3]))
     with pytest.raises(ValueError, match="deep"):
@@ -282,19 +278,19 @@ def brute_force_expected(choices, acc):
 def test_tree_choice_maximises_tokens_per_cost():
     acc = [[0.6, 0.15, 0.05, 0.02], [0.4, 0.1, 0.05], [0.3, 0.08], [0.2, 0.05]]
     flat = StepCost({1: 10.0, 64: 10.0})  # verifying more costs nothing: take every node
-    tree = choose_tree(acc, flat, max_nodes=16)
-    assert tree.size == 17
+    tree, _, _ = choose_tree(acc, flat, max_nodes=16)
+    assert len(tree) == 17
     steep = StepCost({1: 10.0, 2: 20.0, 64: 640.0})  # cost linear in width: no drafts pay
-    assert choose_tree(acc, steep).size == 1
+    assert len(choose_tree(acc, steep)[0]) == 1
     curve = StepCost({1: 10.0, 4: 12.0, 8: 14.0, 16: 25.0, 64: 100.0})
-    tree = choose_tree(acc, curve, head_cost_ms=0.5)
-    assert abs(tree.expected - expected_tokens(tree.choices, acc)) < 1e-9
-    assert abs(tree.expected - brute_force_expected(tree.choices, acc)) < 1e-9
-    best = tree.expected / (curve(tree.size) + 0.5)
+    tree, expected, _ = choose_tree(acc, curve, head_cost_ms=0.5)
+    assert abs(expected - expected_tokens(tree.choices, acc)) < 1e-9
+    assert abs(expected - brute_force_expected(tree.choices, acc)) < 1e-9
+    best = expected / (curve(len(tree)) + 0.5)
     # no tree of the greedy sequence, and no chain or star of any size, does better
     for n in range(0, 40):
-        other = choose_tree(acc, StepCost({1: 1.0, 64: 1.0}), max_nodes=n)
-        assert other.expected / (curve(other.size) + 0.5) <= best + 1e-12
+        other, other_expected, _ = choose_tree(acc, StepCost({1: 1.0, 64: 1.0}), max_nodes=n)
+        assert other_expected / (curve(len(other)) + 0.5) <= best + 1e-12
     for shape in ([(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)], [(0,), (1,), (2,), (3,)]):
         assert expected_tokens(shape, acc) / (curve(len(shape) + 1) + 0.5) <= best + 1e-12
     # every node's parent is in the tree, in breadth-first order
@@ -304,11 +300,11 @@ def test_tree_choice_maximises_tokens_per_cost():
 
 def test_chain_choice_and_a_new_curve_rederives_the_tree():
     acc = [[0.7, 0.1], [0.5, 0.1], [0.35], [0.2]]
-    chain = choose_tree(acc, StepCost({1: 10.0, 64: 10.0}), chain=True)
+    chain, _, _ = choose_tree(acc, StepCost({1: 10.0, 64: 10.0}), chain=True)
     assert chain.choices == [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]
-    a = choose_tree(acc, StepCost({1: 10.0, 8: 11.0, 64: 80.0}))
-    b = choose_tree(acc, StepCost({1: 10.0, 3: 14.0, 64: 200.0}))
-    assert a.size > b.size
+    a, _, _ = choose_tree(acc, StepCost({1: 10.0, 8: 11.0, 64: 80.0}))
+    b, _, _ = choose_tree(acc, StepCost({1: 10.0, 3: 14.0, 64: 200.0}))
+    assert len(a) > len(b)
 
 
 def test_shipped_curve_loads_and_interpolates():
@@ -381,7 +377,7 @@ def test_shipped_heads_describe_their_training(loaded):
     # the tree re-derives from a curve: deeper and wider when verifying is cheaper
     flat = MedusaDrafter(heads, cost_curve=FLAT, max_nodes=12)
     flat.bind(ModelRunner(loaded.model), None)
-    assert flat.tree.size == 13 and flat.tree.depth >= 2
+    assert len(flat.tree) == 13 and flat.tree.depth >= 2
     info = heads.info
     assert len(info["rank_accuracy"]) == heads.num_heads
     assert info["top1"][0] > 0.15 and "command" in info and info["data"]["tokens"] > 10000
@@ -481,10 +477,10 @@ def test_cli_train_medusa_on_a_small_cache(tmp_path, loaded):
     """``specdec train medusa --skip-data`` trains on a cache in the data phase's format and
     saves heads with their held-out accuracies; the heads then decode."""
     from specdec_kernels import cli
-    from specdec_kernels.medusa.data import generate_chunk, load_cache
+    from specdec_kernels.medusa.data import chunk_path, generate_chunk, load_cache
 
     prompts = ["Name three colors.", "Count to five.", "Say hello.", "What is 2+2?"]
-    generate_chunk(loaded, prompts, tmp_path / "data" / "first" / "chunk_0000.pt",
+    generate_chunk(loaded, prompts, chunk_path(tmp_path / "data" / "first", 0),
                    max_new_tokens=12, seed=3)
     records = load_cache(tmp_path / "data" / "first")
     assert len(records) == 4 and any(r["sampled"] for r in records)

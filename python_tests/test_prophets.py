@@ -37,8 +37,12 @@ from specdec_kernels.decoding import (
     generate,
     make_drafter,
 )
-from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
-from specdec_kernels.decoding.multi import CandidateTree
+from specdec_kernels.decoding.budget import (
+    AcceptanceStats,
+    CandidateTree,
+    TreeBudget,
+    path_probabilities,
+)
 from specdec_kernels.decoding.retrieval import frequency_trie
 from specdec_kernels.retrieval import Datastore, build_datastore, read_corpus
 
@@ -331,14 +335,20 @@ def test_merged_tree_sampling_follows_the_target_distribution(sampling_target, t
 
 
 def test_quantized_copy_leaves_the_target_alone(tiny):
-    from specdec_kernels.decoding.quantized import quantize_int8
+    from specdec_kernels.decoding.quantized import quantized_copy
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
 
     before = {k: v.clone() for k, v in tiny.state_dict().items()}
-    q = quantize_int8(tiny)
+    q = quantized_copy(tiny, bits=4, group=32)
     assert all(torch.equal(before[k], v) for k, v in tiny.state_dict().items())
-    assert "DynamicQuantizedLinear" in repr(q)
-    with pytest.raises(ValueError, match="model: int8 dynamic quantization needs a float32"):
-        quantize_int8(tiny_model(vocab=5, layers=1, dtype=torch.bfloat16))
+    assert any(isinstance(b, QuantizedWeight) for b in q.buffers())
+    assert not any(isinstance(b, QuantizedWeight) for b in tiny.buffers())
+    with pytest.raises(ValueError, match="model: quantized-self needs a float32 or bfloat16"):
+        quantized_copy(tiny_model(vocab=5, layers=1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="bits"):
+        QuantizedSelfDrafter(bits=3)
+    with pytest.raises(ValueError, match="group"):
+        QuantizedSelfDrafter(bits=4, group=16)
 
 
 # ---------------------------------------------------------------------------- default model

@@ -1,6 +1,6 @@
-"""Sampling and verification at the shapes and parameters that take each path of the CUDA
-kernels (kernels/sampling_kernels.cuh), against the reference: top-k kept sets that fit the list
-or not, top-p on the list, on a preselection or on exact fixed-point radix masses, min-p alone,
+"""Sampling and verification at the shapes and parameters that take each path of the CUDA kernels
+(csrc/cuda/kernels/team_row.cuh), against the reference: top-k kept sets that fit the list or
+not, top-p on the list, on a preselection or on exact fixed-point radix masses, min-p alone,
 bf16 rows through the weight table (values in and out of its window), unaligned rows, long rows
 split over a cluster of blocks, residual draws; run-to-run determinism on CUDA; deferred error
 checks. On CPU the same cases check the CPU kernels."""
@@ -52,8 +52,11 @@ def check_sample(logits, params, offset):
     return tokens, probs
 
 
+PATH_VOCABS = [5000, 4099]  # 16-byte aligned rows, and not
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("vocab", [5000, 4099])  # 16-byte aligned rows, and not
+@pytest.mark.parametrize("vocab", PATH_VOCABS)
 def test_every_path_matches_reference(device, gen, dtype, vocab):
     names = list(PATHS) * 3
     logits = (3.0 * torch.randn(len(names), vocab, generator=gen)).to(dtype).to(device)

@@ -6,15 +6,17 @@ import torch
 
 from python_tests.conftest import INDEX_DTYPES
 from specdec_kernels import ops, reference
+from specdec_kernels.models.hf_masks import (
+    prefix_valid_from_lens,
+    tree_attention_bias_4d,
+    tree_attention_mask_4d,
+)
 from specdec_kernels.tree import (
     PAD_PARENT,
     Tree,
     pack_tree_mask,
-    prefix_valid_from_lens,
     sequence_nodes,
     stack_trees,
-    tree_attention_bias_4d,
-    tree_attention_mask_4d,
     tree_from_choices,
     tree_from_parents,
     tree_from_sequences,
@@ -203,15 +205,33 @@ def test_build_tree_masks_hand_checked(device):
     assert out.retrieve_paths[1].tolist() == [[0, 1, -1, -1]] + [[-1] * 4] * 3
 
 
-@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("num_nodes", [1, 5, 32, 33, 70])
-def test_build_tree_masks_random_ragged(device, gen, index_dtype, num_nodes):
-    batch = 5
+# Tree sizes of the reference comparisons (also run by the CUDA kernel's emulation).
+RAGGED_NODES = [1, 5, 32, 33, 70]
+MEDUSA_NODES = [8, 26, 64]
+
+
+def random_ragged_trees(batch, num_nodes, index_dtype, gen):
+    """Random trees of 1..num_nodes nodes stacked into [batch, num_nodes] parents (-2 padded),
+    random prefix lengths; returns (trees, parents, prefix_lens)."""
     trees = [tree_from_parents(random_parents(int(torch.randint(1, num_nodes + 1, (1,), generator=gen)), gen))
              for _ in range(batch)]
     _, parents = stack_trees(trees, num_nodes=num_nodes)
     prefix = torch.randint(0, 100, (batch,), generator=gen)
-    parents, prefix = parents.to(index_dtype).to(device), prefix.to(index_dtype).to(device)
+    return trees, parents.to(index_dtype), prefix.to(index_dtype)
+
+
+def random_medusa_parents(num_nodes, gen):
+    """Three Medusa-style trees (from random choices) of up to num_nodes nodes, stacked."""
+    trees = [tree_from_choices(random_choices(num_nodes - 1 - k, gen)) for k in range(3)]
+    return stack_trees(trees)[1]
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("num_nodes", RAGGED_NODES)
+def test_build_tree_masks_random_ragged(device, gen, index_dtype, num_nodes):
+    batch = 5
+    trees, parents, prefix = random_ragged_trees(batch, num_nodes, index_dtype, gen)
+    parents, prefix = parents.to(device), prefix.to(device)
     got = ops.build_tree_masks(parents, prefix)
     assert_masks_equal(got, reference.build_tree_masks(parents, prefix))
     for b, tree in enumerate(trees):  # and against the host-side Tree
@@ -223,10 +243,9 @@ def test_build_tree_masks_random_ragged(device, gen, index_dtype, num_nodes):
             assert got.retrieve_paths[b, i, len(path):].eq(-1).all()
 
 
-@pytest.mark.parametrize("num_nodes", [8, 26, 64])
+@pytest.mark.parametrize("num_nodes", MEDUSA_NODES)
 def test_build_tree_masks_medusa_choices(device, gen, num_nodes):
-    trees = [tree_from_choices(random_choices(num_nodes - 1 - k, gen)) for k in range(3)]
-    _, parents = stack_trees(trees)
+    parents = random_medusa_parents(num_nodes, gen)
     prefix = torch.tensor([0, 17, 4096])
     got = ops.build_tree_masks(parents.to(device), prefix.to(device))
     assert_masks_equal(got, reference.build_tree_masks(parents, prefix))

@@ -60,8 +60,15 @@ def greedy_chain_by_hand(drafts, num_draft, logits):
     return out, accepted
 
 
+# Shapes of the reference comparisons (also run by the CUDA kernels' emulation).
+GREEDY_CHAIN_K = [0, 1, 5]
+GREEDY_TREE_NODES = [1, 2, 9, 26]
+CHAIN_VOCABS = [1, 50, 1031]
+TREE_NODES = [1, 7, 30]
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("k", [0, 1, 5])
+@pytest.mark.parametrize("k", GREEDY_CHAIN_K)
 def test_greedy_chain_exact(device, gen, dtype, k):
     batch, vocab = 33, 97
     drafts, num_draft, logits, probs = random_chain(batch, k, vocab, dtype, gen, device)
@@ -118,7 +125,7 @@ def greedy_tree_by_hand(tokens, parents, logits):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("num_nodes", [1, 2, 9, 26])
+@pytest.mark.parametrize("num_nodes", GREEDY_TREE_NODES)
 def test_greedy_tree_exact(device, gen, dtype, num_nodes):
     batch, vocab = 21, 61
     tokens, parents, logits, probs = random_tree(batch, num_nodes, vocab, dtype, gen, device)
@@ -149,7 +156,7 @@ def test_greedy_tree_takes_the_longest_path_over_the_first_match(device):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("with_probs", [False, True])
-@pytest.mark.parametrize("vocab", [1, 50, 1031])
+@pytest.mark.parametrize("vocab", CHAIN_VOCABS)
 def test_chain_matches_reference(device, gen, dtype, with_probs, vocab):
     batch, k = 40, 4
     drafts, num_draft, logits, probs = random_chain(batch, k, vocab, dtype, gen, device, with_probs=with_probs)
@@ -164,7 +171,7 @@ def test_chain_matches_reference(device, gen, dtype, with_probs, vocab):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("with_probs", [False, True])
-@pytest.mark.parametrize("num_nodes", [1, 7, 30])
+@pytest.mark.parametrize("num_nodes", TREE_NODES)
 def test_tree_matches_reference(device, gen, dtype, with_probs, num_nodes):
     batch, vocab = 30, 211
     tokens, parents, logits, probs = random_tree(batch, num_nodes, vocab, dtype, gen, device, with_probs=with_probs)

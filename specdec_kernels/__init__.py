@@ -10,7 +10,7 @@ import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from specdec_kernels import _C  # noqa: F401  (registers torch.ops.specdec.*)
 from specdec_kernels import ops
-from specdec_kernels._build import build_info, has_cuda_kernels
+from specdec_kernels.ops.build import build_info, has_cuda_kernels
 
 __all__ = ["build_info", "compat", "generate", "has_cuda_kernels", "hf", "ops"]
 

@@ -4,11 +4,12 @@
 ``add_subcommand(subparsers)`` and being listed in :data:`SUBCOMMAND_MODULES` (imported
 lazily; a module that is absent is skipped).
 
-Arguments are parsed, and what needs no model is checked, before transformers, the decoding
-engine and the models are imported (only the package itself comes first: it loads torch and
-the ops). A user error (a bad value, a missing file) is printed as ``specdec: error:
-<message>`` with exit status 2, like argparse's own; ``--debug`` shows its traceback.
-Unexpected exceptions keep their traceback.
+Every check that needs no model comes before any model loads: value ranges as the arguments
+are parsed (argparse ``type`` functions: :func:`at_least`, :func:`in_interval`), then the prompt
+files, then the drafter is made (its size limits, heads and datastore files). A user error (a
+bad value, a missing or damaged file) is printed as ``specdec: error: <message>`` with exit
+status 2, like argparse's own; ``--debug`` shows its traceback. Unexpected exceptions keep
+their traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ __all__ = [
     "SUBCOMMAND_MODULES",
     "USER_ERRORS",
     "add_method_arguments",
+    "add_prompts_file_argument",
+    "add_sampling_arguments",
+    "at_least",
+    "in_interval",
     "build_parser",
     "drafter_options",
     "given_drafter_options",
@@ -52,40 +57,100 @@ DRAFTER_OPTIONS = {
     "blockwise": ("heads", "cost_curve", "num_draft"),
     "retrieval": ("datastore", "max_depth", "max_nodes", "max_suffix", "min_suffix",
                   "max_matches", "cost_curve"),
-    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
+    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold", "bits",
+                       "group", "gguf"),
     "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
 }
 
 
+def at_least(low: int):
+    """An argparse ``type``: an integer ``>= low`` (checked as the arguments are parsed, so
+    before anything loads)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def in_interval(low: float, high: float, *, open_low: bool = False, open_high: bool = False):
+    """An argparse ``type``: a number in the interval from ``low`` to ``high`` (each end
+    closed unless ``open_*``; ``high`` may be ``inf``)."""
+    interval = f"{'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        below = value <= low if open_low else value < low
+        above = value >= high if open_high else value > high
+        if below or above or value != value:  # NaN is in no interval
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
+        return value
+
+    return parse
+
+
+def add_sampling_arguments(group) -> None:
+    """``--temperature``, ``--top-k``, ``--top-p`` (shared by ``generate`` and ``bench``),
+    each checked as it is parsed."""
+    group.add_argument("--temperature", type=in_interval(0, float("inf"), open_high=True),
+                       default=0.0, help="0 is greedy (default)")
+    group.add_argument("--top-k", type=at_least(0), default=0, help="0: no top-k filter")
+    group.add_argument("--top-p", type=in_interval(0, 1, open_low=True), default=1.0)
+
+
+def add_prompts_file_argument(parser, help: str) -> None:
+    """``--prompts-file`` (``--prompt-file`` is the same option): one name for every command
+    that reads prompts from a file (:func:`specdec_kernels.data.prompt_texts`)."""
+    parser.add_argument("--prompts-file", "--prompt-file", dest="prompts_file", help=help)
+
+
 def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     """The drafter options (see :data:`DRAFTER_OPTIONS`) and ``--torch-kernels``, shared by
-    ``specdec generate`` and ``specdec bench``."""
+    ``specdec generate`` and ``specdec bench``. Their lower limits are checked as they are
+    parsed; upper limits belong to each drafter (checked when it is made, before the
+    target loads)."""
+    positive = at_least(1)
     g = parser.add_argument_group("chain drafters (self-speculative, draft-model, quantized-self)")
-    g.add_argument("--num-draft", type=int, help="drafts per step K (the start value if adaptive)")
+    g.add_argument("--num-draft", type=positive,
+                   help="drafts per step K (the start value if adaptive)")
     g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
-    g.add_argument("--max-draft", type=int, help="upper bound of an adaptive K")
-    g.add_argument(
-        "--confidence-threshold", type=float, help="stop drafting below this probability"
-    )
+    g.add_argument("--max-draft", type=positive, help="upper bound of an adaptive K")
+    g.add_argument("--confidence-threshold", type=in_interval(0, 1, open_high=True),
+                   help="stop drafting below this probability")
+    g.add_argument("--bits", type=int, choices=[4, 8], help="quantized-self: weight bits (default 4)")
+    g.add_argument("--group", type=positive,
+                   help="quantized-self: values per scale along K (default 32)")
+    g.add_argument("--gguf", help="quantized-self: draft with this GGUF file's own weights")
     g = parser.add_argument_group("prompt lookup")
-    g.add_argument("--max-ngram", type=int)
-    g.add_argument("--min-ngram", type=int)
-    g.add_argument("--max-depth", type=int)
-    g.add_argument("--max-branches", type=int)
-    g.add_argument("--max-nodes", type=int)
+    g.add_argument("--max-ngram", type=positive)
+    g.add_argument("--min-ngram", type=positive)
+    g.add_argument("--max-depth", type=positive)
+    g.add_argument("--max-branches", type=positive)
+    g.add_argument("--max-nodes", type=positive)
     g = parser.add_argument_group("lookahead and Jacobi")
-    g.add_argument("--window", type=int, help="lookahead: window columns W")
-    g.add_argument("--ngram", type=int, help="lookahead: n-gram size N (N - 1 window levels)")
-    g.add_argument(
-        "--max-candidates", type=int, help="lookahead: pool n-grams per key G (all verified)"
-    )
-    g.add_argument("--num-guesses", type=int, help="jacobi: tokens guessed per step K")
+    g.add_argument("--window", type=positive, help="lookahead: window columns W")
+    g.add_argument("--ngram", type=at_least(2),
+                   help="lookahead: n-gram size N (N - 1 window levels)")
+    g.add_argument("--max-candidates", type=at_least(0),
+                   help="lookahead: pool n-grams per key G (all verified)")
+    g.add_argument("--num-guesses", type=positive, help="jacobi: tokens guessed per step K")
     g = parser.add_argument_group("retrieval and merged prophets (multi)")
     g.add_argument("--datastore", help="retrieval datastore folder (`specdec datastore build`); "
                    "default: the one shipped for the default model")
-    g.add_argument("--max-suffix", type=int, help="retrieval: longest context suffix looked up")
-    g.add_argument("--min-suffix", type=int, help="retrieval: no drafts below this match length")
-    g.add_argument("--max-matches", type=int, help="retrieval: occurrences read per lookup")
+    g.add_argument("--max-suffix", type=positive,
+                   help="retrieval: longest context suffix looked up")
+    g.add_argument("--min-suffix", type=positive,
+                   help="retrieval: no drafts below this match length")
+    g.add_argument("--max-matches", type=positive, help="retrieval: occurrences read per lookup")
     g.add_argument("--prophets", help="multi: comma list of drafters to merge "
                    "(default prompt-lookup,retrieval,medusa)")
     parser.add_argument(
@@ -125,9 +190,13 @@ def _add_generate(subparsers) -> None:
         "with a drafter, and print the text and the speed/acceptance statistics.",
     )
     p.add_argument("prompt", nargs="*", help="prompts (user turns, in the chat template)")
-    p.add_argument("--prompts-file", help="a .txt file (one prompt a line) or .jsonl (first turn)")
+    add_prompts_file_argument(
+        p, "a .txt file (one prompt a line) or .jsonl (Spec-Bench style: the first of each "
+        "line's \"turns\")")
     p.add_argument("--model", default="default", help="'default', an HF folder or a .gguf file")
     p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--weights", default="file", choices=["file", "float32"],
+                   help="GGUF models: at the file's precision (default) or dequantized")
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--drafter",
@@ -140,21 +209,21 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")
     add_method_arguments(p)
     g = p.add_argument_group("self-speculative")
-    g.add_argument("--layers", type=int, help="layers used by the draft")
+    g.add_argument("--layers", type=at_least(1), help="layers used by the draft")
     g.add_argument("--no-prompt-ngrams", action="store_true",
                    help="lookahead: do not seed the pool with the prompt's and output's n-grams")
     g = p.add_argument_group("medusa and blockwise (heads on the target's hidden states)")
     g.add_argument("--heads", help="heads folder (ours or FasterDecoding's); default: shipped")
     g.add_argument("--cost-curve", help="step-cost JSON (bench.cost_curve) to derive the tree")
     g.add_argument("--acceptance", choices=["lossless", "typical"], help="medusa: typical is lossy")
-    g.add_argument("--posterior-threshold", type=float, help="typical acceptance epsilon (0.09)")
-    g.add_argument("--posterior-alpha", type=float, help="typical acceptance alpha (0.3)")
+    g.add_argument("--posterior-threshold", type=in_interval(0, 1, open_low=True),
+                   help="typical acceptance epsilon (0.09)")
+    g.add_argument("--posterior-alpha", type=in_interval(0, 1, open_low=True),
+                   help="typical acceptance alpha (0.3)")
     g = p.add_argument_group("sampling and stopping")
-    g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--max-new-tokens", type=at_least(1), default=128)
+    add_sampling_arguments(g)
+    g.add_argument("--min-p", type=in_interval(0, 1, open_high=True), default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     g.add_argument("--no-chat-template", action="store_true", help="encode prompts as plain text")
@@ -189,13 +258,11 @@ def _generate_drafter_options(args) -> dict:
 
 
 def _read_prompts(args) -> list:
-    prompts = list(args.prompt)
+    from specdec_kernels.data import check_prompt_texts, prompt_texts
+
+    prompts = check_prompt_texts(args.prompt)
     if args.prompts_file:
-        with open(args.prompts_file, encoding="utf-8") as f:
-            if args.prompts_file.endswith(".jsonl"):
-                prompts += [json.loads(line)["turns"][0] for line in f if line.strip()]
-            else:
-                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        prompts += prompt_texts(args.prompts_file)
     if not prompts:
         raise ValueError("give at least one prompt (or --prompts-file)")
     return prompts
@@ -237,16 +304,18 @@ def _run_generate(args) -> int:
     from specdec_kernels.decoding import generate, make_drafter
     from specdec_kernels.models import load_model
 
-    target = load_model(args.model, dtype=args.dtype, device=args.device)
     draft = None
     if args.draft_model:
-        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device)
+        draft = load_model(args.draft_model, dtype=args.dtype, device=args.device,
+                           weights=args.weights)
+    # The drafter checks its options (sizes, files) before the target loads.
     drafter = make_drafter(
         args.drafter,
         draft_model=draft.model if draft else None,
         draft_tokenizer=draft.tokenizer if draft else None,
         **options,
     )
+    target = load_model(args.model, dtype=args.dtype, device=args.device, weights=args.weights)
     out = generate(
         target,
         prompts,

@@ -49,15 +49,14 @@ from pathlib import Path
 
 import torch
 
-from specdec_kernels.models.hf_compat import CACHE_INPUT_NAMES, cache_of
-
 __all__ = ["export_custom_generate", "generate", "generate_from_hub"]
 
 _SUPPORTED_MODES = ("greedy_search", "sample")
+# Besides every name of the cache argument (models.hf_compat, imported when generating: the
+# command line registers this module's subcommand without loading the models package).
 _MODEL_INPUTS = {
     "attention_mask",
     "position_ids",
-    *CACHE_INPUT_NAMES,
     "use_cache",
     "logits_to_keep",
     "cache_position",
@@ -301,7 +300,9 @@ def _sampling_settings(logits_processor, generation_config, prompt_width: int):
 
 def _prompts(input_ids, model_kwargs) -> list:
     """The unpadded prompts of a left-padded batch."""
-    extra = sorted(set(model_kwargs) - _MODEL_INPUTS)
+    from specdec_kernels.models.hf_compat import CACHE_INPUT_NAMES, cache_of
+
+    extra = sorted(set(model_kwargs) - _MODEL_INPUTS - set(CACHE_INPUT_NAMES))
     if extra:
         raise ValueError(
             f"model inputs {extra} are not supported by specdec_kernels.hf.generate "

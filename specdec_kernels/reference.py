@@ -12,16 +12,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specdec_kernels.ops import CacheList, as_cache_list
+from specdec_kernels.tree import pack_tree_mask, unpack_tree_mask
+from specdec_kernels.types import CacheList, LookaheadMasks, TreeMasks, as_cache_list
 
 # ----------------------------------------------------------------------------- tree attention
 
 
 def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
     """Reference of :func:`specdec_kernels.ops.build_tree_masks` (one node at a time)."""
-    from specdec_kernels.ops import TreeMasks
-    from specdec_kernels.tree import pack_tree_mask
-
     batch, nodes = parents.shape
     device = parents.device
     mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool, device=device)
@@ -49,9 +47,6 @@ def build_tree_masks(parents: Tensor, prefix_lens: Tensor):
 
 def build_lookahead_masks(window: Tensor, levels: Tensor, tree_nodes: int, num_rows: int):
     """Reference of :func:`specdec_kernels.ops.build_lookahead_masks` (one cell at a time)."""
-    from specdec_kernels.ops import LookaheadMasks
-    from specdec_kernels.tree import pack_tree_mask
-
     batch = window.shape[0]
     columns = tree_nodes + num_rows
     device = window.device
@@ -89,8 +84,6 @@ def tree_attention(
     """Reference of :func:`specdec_kernels.ops.tree_attention`: SDPA with the dense mask over
     ``[prefix + tree]``, one request at a time, in the inputs' dtype (upcast them for an
     accurate reference)."""
-    from specdec_kernels.tree import unpack_tree_mask
-
     batch, nodes, q_heads, _ = q.shape
     group = q_heads // k_cache.shape[1]
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -171,11 +164,11 @@ def rollback_paged_kv_cache_(
 
 # ----------------------------------------------------------------------------- verification
 #
-# The executable specification of the sampling and verification ops (see the section comment
-# in specdec_kernels/ops.py). Scalar arithmetic is float32 (numpy.float32), vector arithmetic
-# float32 torch ops on CPU, long sums accumulate in double (torch.cumsum on CPU does), so the
-# compiled kernels agree with this code bit for bit on every weight and on every decision
-# except when a sum lands within a float32 rounding of a threshold.
+# The executable specification of the sampling and verification ops (see the rules in
+# specdec_kernels/ops/sampling.py). Scalar arithmetic is float32 (numpy.float32), vector
+# arithmetic float32 torch ops on CPU, long sums accumulate in double (torch.cumsum on CPU
+# does), so the compiled kernels agree with this code bit for bit on every weight and on every
+# decision except when a sum lands within a float32 rounding of a threshold.
 
 _M32 = 0xFFFFFFFF
 STREAM_VERIFY = 0
@@ -546,3 +539,67 @@ def small_batch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
     if bias is not None:
         out = out + bias.double()
     return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- quantized linear
+
+#: Values per activation block of :func:`quantize_activations` (one int8 scale each).
+ACTIVATION_BLOCK = 32
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row int8 quantization of ``x [M, K]`` as :func:`specdec_kernels.ops.quantized_linear`
+    does it: in blocks of 32 values (the last may be shorter), ``scale = amax / 127`` and
+    ``q = round_half_even(x * (127 / amax))``, all in float32 (0 where ``amax == 0``).
+
+    Returns ``q [M, K]`` int8 and ``scales [M, ceil(K / 32)]`` float32.
+    """
+    x = x.float()
+    rows, k = x.shape
+    blocks = -(-k // ACTIVATION_BLOCK)
+    padded = torch.nn.functional.pad(x, (0, blocks * ACTIVATION_BLOCK - k))
+    amax = padded.view(rows, blocks, ACTIVATION_BLOCK).abs().amax(-1)
+    scales = amax / 127.0
+    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    scaled = padded.view(rows, blocks, ACTIVATION_BLOCK) * inverse[..., None]
+    q = torch.round(scaled).clamp(-127, 127).to(torch.int8).view(rows, -1)[:, :k]
+    return q, scales
+
+
+def unpack_int4(packed: Tensor) -> Tensor:
+    """``[N, K / 2]`` uint8 packed int4 (per 32-value block, byte j = value j | value j + 16
+    << 4) to ``[N, K]`` uint8 values 0..15."""
+    n, half = packed.shape
+    blocks = packed.view(n, half // 16, 16)
+    return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).reshape(n, half * 2)
+
+
+def dequantize_weight(qweight: Tensor, scales: Tensor, mins: Tensor | None = None) -> Tensor:
+    """The float32 ``[N, K]`` weight of :func:`specdec_kernels.ops.quantized_linear`'s operands:
+    ``scales[n, g] * q + mins[n, g]`` with ``q`` the int8 values or the unpacked int4 ones."""
+    q = unpack_int4(qweight) if qweight.dtype == torch.uint8 else qweight
+    n, k = q.shape
+    groups = scales.shape[1]
+    w = q.float().view(n, groups, k // groups) * scales.float()[..., None]
+    if mins is not None:
+        w = w + mins.float()[..., None]
+    return w.view(n, k)
+
+
+def quantized_linear(
+    x: Tensor, qweight: Tensor, scales: Tensor, mins: Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.quantized_linear`: the quantized activations
+    (:func:`quantize_activations`) times the dequantized weight (:func:`dequantize_weight`) in
+    float64, plus the bias, rounded once to ``x``'s dtype (the kernel sums in int32, then
+    float32: compare with a tolerance; batch invariance is tested separately)."""
+    rows = x.reshape(-1, x.shape[-1])
+    q, x_scales = quantize_activations(rows)
+    k = rows.shape[1]
+    x_deq = q.double() * x_scales.double().repeat_interleave(ACTIVATION_BLOCK, dim=1)[:, :k]
+    w = dequantize_weight(qweight, scales, mins).double()
+    out = x_deq @ w.T
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])

@@ -9,12 +9,12 @@ This module builds trees on the host, from
 
 - a parent array (:func:`tree_from_parents`),
 - a Medusa-style list of top-k rank paths (:func:`tree_from_choices`),
-- several drafters' token sequences merged by common prefix (:func:`tree_from_sequences`),
+- several drafters' token sequences merged by common prefix (:func:`tree_from_sequences`,
+  or token by token in a :class:`Trie`),
 
 checks them (:class:`ValueError` with the offending node on any malformed input) and stacks a
-batch of ragged trees into padded tensors for the ops (:func:`stack_trees`). It also builds the
-4-D attention masks over ``[prefix + tree]`` that Hugging Face models accept
-(:func:`tree_attention_mask_4d`, :func:`tree_attention_bias_4d`).
+batch of ragged trees into padded tensors for the ops (:func:`stack_trees`). The 4-D masks that
+Hugging Face models take are :mod:`specdec_kernels.models.hf_masks`.
 """
 
 from __future__ import annotations
@@ -32,12 +32,10 @@ __all__ = [
     "DEFAULT_MAX_NODES",
     "PAD_PARENT",
     "Tree",
+    "Trie",
     "pack_tree_mask",
-    "prefix_valid_from_lens",
     "sequence_nodes",
     "stack_trees",
-    "tree_attention_bias_4d",
-    "tree_attention_mask_4d",
     "tree_from_choices",
     "tree_from_parents",
     "tree_from_sequences",
@@ -194,6 +192,17 @@ class Tree:
         """Root-to-leaf paths, one per leaf in :attr:`leaves` order."""
         return [self.path(leaf) for leaf in self.leaves]
 
+    @property
+    def choices(self) -> list[tuple[int, ...]]:
+        """The rank path of every node after the root, in node order (trees with
+        :attr:`ranks`, e.g. from :func:`tree_from_choices`, of which this is the inverse)."""
+        if self.ranks is None:
+            raise ValueError("the tree has no ranks: build it with tree_from_choices")
+        paths: list[tuple[int, ...]] = [()]
+        for j in range(1, len(self.parents)):
+            paths.append(paths[self.parents[j]] + (self.ranks[j],))
+        return paths[1:]
+
     def with_tokens(self, tokens: Sequence[int] | Tensor) -> "Tree":
         """The same tree shape carrying ``tokens`` (one per node, the root's first)."""
         return Tree(list(self.parents), tokens=_check_tokens(tokens, len(self.parents)),
@@ -291,7 +300,7 @@ def tree_from_choices(
             raise ValueError(f"choice {list(path)} appears more than once")
         if path[:-1] not in node_of:
             raise ValueError(
-                f"choice {list(path)} has no parent: its prefix {list(path[:-1])} is not a choice"
+                f"choice {list(path)} has no parent: the list lacks its parent {list(path[:-1])}"
             )
         node_of[path] = len(parents)
         parents.append(node_of[path[:-1]])
@@ -335,8 +344,7 @@ def tree_from_sequences(
         A negative token, or a merged tree over the limits.
     """
     (root_token,) = _as_int_list([root_token], "root_token")
-    parents, tokens = [-1], [root_token]
-    child_of: dict[tuple[int, int], int] = {}
+    trie = Trie(root_token)
     for i, sequence in enumerate(sequences):
         sequence = _as_int_list(sequence, f"sequences[{i}]")
         if len(sequence) > max_depth:
@@ -347,15 +355,76 @@ def tree_from_sequences(
         for token in sequence:
             if token < 0:
                 raise ValueError(f"sequences[{i}] holds a negative token {token}")
-            key = (node, token)
-            if key not in child_of:
-                if len(parents) >= max_nodes:
-                    raise ValueError(f"the merged tree exceeds max_nodes={max_nodes}")
-                child_of[key] = len(parents)
-                parents.append(node)
-                tokens.append(token)
-            node = child_of[key]
-    return Tree(parents, tokens=tokens)
+            if trie.child(node, token) is None and len(trie) >= max_nodes:
+                raise ValueError(f"the merged tree exceeds max_nodes={max_nodes}")
+            node = trie.add(node, token)
+    return trie.tree()
+
+
+class Trie:
+    """A tree of tokens that grows one node at a time, merging by common prefix: the child of a
+    node for a token is made once, so a continuation added twice (by two drafters, or twice by
+    one) is one node. Nodes are numbered in order of creation, parents first.
+
+    Parameters
+    ----------
+    root_token : int
+        The token of node 0.
+
+    Attributes
+    ----------
+    tokens, parents, depths : list of int
+        Per node (node 0 the root: parent ``-1``, depth 0).
+    """
+
+    def __init__(self, root_token: int):
+        self.tokens, self.parents, self.depths = [int(root_token)], [-1], [0]
+        self._children: list[dict] = [{}]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int) -> int:
+        """The child of ``parent`` for ``token``, made if new."""
+        node = self._children[parent].get(token)
+        if node is None:
+            node = len(self.tokens)
+            self._children[parent][token] = node
+            self.tokens.append(int(token))
+            self.parents.append(parent)
+            self.depths.append(self.depths[parent] + 1)
+            self._children.append({})
+        return node
+
+    def child(self, node: int, token: int) -> int | None:
+        """The child of ``node`` for ``token``, or None."""
+        return self._children[node].get(token)
+
+    def children(self, node: int) -> dict:
+        """``{token: node}`` of ``node``'s children, in order of creation."""
+        return self._children[node]
+
+    def follow(self, tokens: Sequence[int]) -> list[int]:
+        """The nodes (after the root) that spell the longest prefix of ``tokens`` the trie
+        holds."""
+        path, node = [], 0
+        for token in tokens:
+            node = self._children[node].get(token)
+            if node is None:
+                break
+            path.append(node)
+        return path
+
+    def tree(self, nodes: Sequence[int] | None = None) -> Tree:
+        """The trie as a :class:`Tree` with tokens, or only ``nodes`` (increasing, the root
+        first, every node's parent among them), renumbered in that order."""
+        if nodes is None:
+            return Tree(list(self.parents), tokens=list(self.tokens))
+        index = {node: i for i, node in enumerate(nodes)}
+        return Tree(
+            parents=[-1] + [index[self.parents[n]] for n in nodes[1:]],
+            tokens=[self.tokens[n] for n in nodes],
+        )
 
 
 def sequence_nodes(tree: Tree, sequence: Sequence[int]) -> list[int]:
@@ -434,117 +503,6 @@ def stack_trees(
         if tree.tokens is not None:
             tokens[b, : len(tree)] = torch.tensor(tree.tokens, dtype=torch.int64)
     return tokens.to(device), parents.to(device)
-
-
-# ----------------------------------------------------------------------------- HF-style masks
-
-
-def prefix_valid_from_lens(prefix_lens: Tensor, past_length: int) -> Tensor:
-    """``[B, past_length]`` bool: True on the first ``prefix_lens[b]`` columns (right padding).
-
-    Parameters
-    ----------
-    prefix_lens : Tensor
-        ``[B]`` valid prefix length of each request, each ``<= past_length``.
-    past_length : int
-        Columns of the padded cache before the tree.
-    """
-    columns = torch.arange(past_length, device=prefix_lens.device)
-    return columns[None, :] < prefix_lens[:, None]
-
-
-def tree_attention_mask_4d(
-    tree_mask: Tensor,
-    prefix_valid: Tensor,
-    *,
-    sliding_window: int | None = None,
-    depth: Tensor | None = None,
-) -> Tensor:
-    """Boolean 4-D mask over ``[prefix + tree]`` in the form Hugging Face models accept.
-
-    Query ``j`` (tree node ``j``) may attend to every valid prefix column and to the tree
-    columns of its ancestors and itself. The layout matches a padded HF cache: the prefix
-    occupies the first ``P`` key columns (padding anywhere, e.g. left padding from a batched
-    prefill, marked False in ``prefix_valid``) and the tree's own K/V the last ``T``. Pass the
-    result as ``attention_mask`` together with ``position_ids`` from
-    :func:`specdec_kernels.ops.build_tree_masks` (prefix length = valid columns per request).
-
-    Parameters
-    ----------
-    tree_mask : Tensor
-        ``[B, T, T]`` bool ancestor-or-self mask (``build_tree_masks(...).mask``).
-    prefix_valid : Tensor
-        ``[B, P]`` bool (or 0/1 integer, e.g. HF's 2-D ``attention_mask`` of the prefix):
-        which prefix columns hold real tokens. ``P`` may be 0.
-    sliding_window : int, optional
-        For sliding-window layers: key ``k`` is visible to query ``q`` only if their positions
-        differ by less than the window (HF's convention). Positions count valid columns, so the
-        mask is right for a truncated sliding cache too when ``prefix_valid`` describes that
-        layer's cache.
-    depth : Tensor, optional
-        ``[B, T]`` position of each node after the root, for the sliding window; by default
-        the node's ancestor count minus one (right for trees; give it for blocks whose rows
-        are not a tree).
-
-    Returns
-    -------
-    Tensor
-        ``[B, 1, T, P + T]`` bool, True where attention is allowed. A padding node (parent
-        ``-2``) sees itself and the prefix, so no row is empty.
-    """
-    if tree_mask.dim() != 3 or tree_mask.shape[1] != tree_mask.shape[2]:
-        raise ValueError(f"tree_mask must have shape [B, T, T], got {tuple(tree_mask.shape)}")
-    if prefix_valid.dim() != 2 or prefix_valid.shape[0] != tree_mask.shape[0]:
-        raise ValueError(
-            f"prefix_valid must have shape [B, P] with B = {tree_mask.shape[0]}, "
-            f"got {tuple(prefix_valid.shape)}"
-        )
-    tree_mask = tree_mask.to(torch.bool)
-    prefix_valid = prefix_valid.to(device=tree_mask.device, dtype=torch.bool)
-    num_tree = tree_mask.shape[1]
-    prefix = prefix_valid[:, None, :].expand(-1, num_tree, -1)
-    tree = tree_mask
-    if sliding_window is not None:
-        if sliding_window <= 0:
-            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
-        if depth is None:
-            depth = tree_mask.sum(-1) - 1  # ancestors-or-self minus one
-        depth = depth.to(device=tree_mask.device, dtype=torch.int64)
-        valid_count = prefix_valid.sum(-1, keepdim=True)  # [B, 1]
-        key_pos = prefix_valid.cumsum(-1) - 1  # [B, P] position of each valid column
-        query_pos = valid_count + depth  # [B, T]
-        prefix = prefix & (query_pos[:, :, None] - key_pos[:, None, :] < sliding_window)
-        tree = tree & (depth[:, :, None] - depth[:, None, :] < sliding_window)
-    return torch.cat([prefix, tree], dim=-1)[:, None]
-
-
-def tree_attention_bias_4d(
-    tree_mask: Tensor,
-    prefix_valid: Tensor,
-    dtype: torch.dtype,
-    *,
-    sliding_window: int | None = None,
-) -> Tensor:
-    """Additive float form of :func:`tree_attention_mask_4d`: 0 where allowed, the dtype's
-    most negative finite value elsewhere (HF's convention for eager attention).
-
-    Parameters
-    ----------
-    tree_mask, prefix_valid, sliding_window
-        As for :func:`tree_attention_mask_4d`.
-    dtype : torch.dtype
-        Floating dtype of the bias (the model's dtype).
-
-    Returns
-    -------
-    Tensor
-        ``[B, 1, T, P + T]`` of ``dtype``.
-    """
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    allowed = tree_attention_mask_4d(tree_mask, prefix_valid, sliding_window=sliding_window)
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def pack_tree_mask(mask: Tensor) -> Tensor:

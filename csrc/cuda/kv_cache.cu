@@ -1,4 +1,4 @@
-// CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh).
+// CUDA launchers of the KV-cache ops (kernels in kernels/kv_cache.cuh, row addressing in core/kv_cache.h).
 //
 // No host copies: index values are not read on the host, so a call never waits for the device
 // (ops.compact_kv_cache_(..., validate=True) and friends check them on the host first, when the
@@ -19,9 +19,6 @@
 
 namespace specdec {
 namespace {
-
-constexpr int kCompactThreads = 128;
-constexpr int64_t kStagingBytes = 32 * 1024;
 
 // Widest access (16, 8, 4, 2 or 1 bytes) that divides every byte offset the kernel forms.
 int vector_width(at::TensorList caches, std::initializer_list<int64_t> byte_quantities) {
@@ -49,53 +46,40 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
     const index_t* positions = accept_positions.const_data_ptr<index_t>();
     const index_t* counts = num_accepted.const_data_ptr<index_t>();
     const index_t* lens = cache_lens.const_data_ptr<index_t>();
-    auto launch = [&](auto vec_tag) {
+    const CompactPlan plan = plan_compact(groups, row_bytes, width, max_accepted);
+    const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
+                             static_cast<int>(heads), static_cast<int>(max_accepted), row_bytes,
+                             plan.chunk_bytes};
+    dispatch_vector_width(width, [&](auto vec_tag) {
       using vec_t = decltype(vec_tag);
-      if (max_accepted <= kCompactRegisterRows) {
-        // One thread per vector column of every (tensor, request, head) row set.
-        const int64_t threads = groups * (row_bytes / static_cast<int64_t>(sizeof(vec_t)));
-        TORCH_CHECK_VALUE(threads <= INT32_MAX, "compaction of ", caches.size(), " caches of ",
-                          batch, " x ", heads, " rows of ", row_bytes,
-                          " bytes exceeds the kernel's 32-bit thread index");
-        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
-                                 static_cast<int>(heads), static_cast<int>(max_accepted),
-                                 row_bytes, row_bytes};
+      if (!plan.staged) {
+        TORCH_CHECK_VALUE(plan.grid_x * kCompactThreads <= INT32_MAX, "compaction of ",
+                          caches.size(), " caches of ", batch, " x ", heads, " rows of ",
+                          row_bytes, " bytes exceeds the kernel's 32-bit thread index");
         compact_kv_columns_kernel<vec_t, index_t, Rows>
-            <<<static_cast<unsigned>(ceil_div<int64_t>(threads, kCompactThreads)), kCompactThreads,
-               0, stream>>>(table, rows, shape, positions, counts, lens);
+            <<<static_cast<unsigned>(plan.grid_x), kCompactThreads, 0, stream>>>(
+                table, rows, shape, positions, counts, lens);
       } else {
         // Wide accept_positions: each block stages a byte range of its rows in shared memory.
         TORCH_CHECK_VALUE(max_accepted * width <= kStagingBytes, "accept_positions.size(1) = ",
                           max_accepted, " is too large: at most ", kStagingBytes / width,
                           " accepted rows per request for this row width");
-        int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
-        chunk -= chunk % width;
-        TORCH_CHECK_VALUE(groups <= INT32_MAX && ceil_div<int64_t>(row_bytes, chunk) <= 65535,
-                          "compaction of ", caches.size(), " caches of ", batch, " x ", heads,
-                          " rows of ", row_bytes, " bytes with accept_positions.size(1) = ",
-                          max_accepted, " exceeds the CUDA grid limits");
-        const CompactShape shape{static_cast<int>(caches.size()), static_cast<int>(batch),
-                                 static_cast<int>(heads), static_cast<int>(max_accepted),
-                                 row_bytes, chunk};
-        const dim3 grid(static_cast<unsigned>(groups),
-                        static_cast<unsigned>(ceil_div<int64_t>(row_bytes, chunk)));
+        TORCH_CHECK_VALUE(plan.grid_x <= INT32_MAX && plan.grid_y <= 65535, "compaction of ",
+                          caches.size(), " caches of ", batch, " x ", heads, " rows of ",
+                          row_bytes, " bytes with accept_positions.size(1) = ", max_accepted,
+                          " exceeds the CUDA grid limits");
         compact_kv_rows_kernel<vec_t, index_t, Rows>
-            <<<grid, kCompactThreads, static_cast<size_t>(max_accepted * chunk), stream>>>(
+            <<<dim3(static_cast<unsigned>(plan.grid_x), static_cast<unsigned>(plan.grid_y)),
+               kCompactThreads, static_cast<size_t>(plan.smem_bytes), stream>>>(
                 table, rows, shape, positions, counts, lens);
       }
-    };
-    switch (width) {
-      case 16: launch(uint4{}); break;
-      case 8: launch(uint2{}); break;
-      case 4: launch(uint32_t{}); break;
-      case 2: launch(uint16_t{}); break;
-      default: launch(uint8_t{}); break;
-    }
+    });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   if (batch > 0) {
     // After the compaction on the same stream, so no block still reads cache_lens.
-    advance_cache_lens_kernel<index_t><<<ceil_div<int64_t>(batch, 256), 256, 0, stream>>>(
+    advance_cache_lens_kernel<index_t>
+        <<<ceil_div<int64_t>(batch, kAdvanceLensThreads), kAdvanceLensThreads, 0, stream>>>(
         cache_lens.mutable_data_ptr<index_t>(), num_accepted.const_data_ptr<index_t>(),
         static_cast<int>(batch));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -104,9 +88,8 @@ void launch_compact(at::TensorList caches, const Rows& rows, int64_t batch, int6
 
 void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
                            const at::Tensor& accept_positions, const at::Tensor& num_accepted) {
-  check_cache_list(caches, 4, "[B, H, S, D]");
-  const ContiguousGeometry g = contiguous_geometry(caches[0]);
-  check_compact_indices(cache_lens, accept_positions, num_accepted, g.batch, caches[0].device());
+  const ContiguousGeometry g =
+      check_compact_args(caches, cache_lens, accept_positions, num_accepted);
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_kv_cache_cuda", [&] {
     const int width = vector_width(
@@ -119,15 +102,9 @@ void compact_kv_cache_cuda(at::TensorList caches, const at::Tensor& cache_lens,
 void compact_paged_kv_cache_cuda(at::TensorList caches, const at::Tensor& block_tables,
                                  const at::Tensor& cache_lens, const at::Tensor& accept_positions,
                                  const at::Tensor& num_accepted) {
-  check_cache_list(caches, 4, "[num_blocks, block_size, H, D]");
-  const PagedGeometry g = paged_geometry(caches[0]);
-  check_index_dtype(block_tables, "block_tables");
-  TORCH_CHECK_VALUE(block_tables.dim() == 2, "block_tables must have shape [B, max_blocks], got ",
-              block_tables.sizes());
+  const PagedGeometry g =
+      check_paged_compact_args(caches, block_tables, cache_lens, accept_positions, num_accepted);
   const int64_t batch = block_tables.size(0);
-  check_compact_indices(cache_lens, accept_positions, num_accepted, batch, caches[0].device());
-  check_tensor(block_tables, "block_tables", block_tables.sizes(), cache_lens.scalar_type(),
-               caches[0].device());
   const c10::cuda::CUDAGuard guard(caches[0].device());
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "compact_paged_kv_cache_cuda", [&] {
     const PagedRows<index_t> rows =
@@ -147,9 +124,8 @@ void rollback_paged_kv_cache_cuda(const at::Tensor& block_tables, const at::Tens
   if (batch == 0) return;
   const c10::cuda::CUDAGuard guard(block_tables.device());
   AT_DISPATCH_INDEX_TYPES(block_tables.scalar_type(), "rollback_paged_kv_cache_cuda", [&] {
-    constexpr int kWarps = 4;
-    rollback_paged_kernel<index_t>
-        <<<ceil_div<int64_t>(batch, kWarps), kWarps * 32, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    rollback_paged_kernel<index_t><<<ceil_div<int64_t>(batch, kRollbackWarps), kRollbackWarps * 32,
+                                     0, c10::cuda::getCurrentCUDAStream()>>>(
             block_tables.mutable_data_ptr<index_t>(), cache_lens.mutable_data_ptr<index_t>(),
             new_lens.const_data_ptr<index_t>(), freed_blocks.mutable_data_ptr<index_t>(),
             static_cast<int>(batch), block_tables.size(1), block_size);

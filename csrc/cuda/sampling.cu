@@ -36,27 +36,14 @@ bool capturing_graph() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
-// 16-byte loads when every row starts 16-byte aligned, else one element at a time.
-bool rows_aligned(const at::Tensor& logits) {
-  const int64_t row_bytes = logits.size(-1) * logits.element_size();
-  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
-}
-
-// What the team plan needs to know about a device (read once per device).
-struct DeviceInfo {
-  int sms = 0;
-  int major = 0;
-  int smem_per_sm = 0;     // bytes
-  int smem_per_block = 0;  // bytes a block may opt in to
-};
-
-const DeviceInfo& device_info(int device) {
+// The team plan's view of a device, read once per device.
+const DeviceLimits& device_info(int device) {
   constexpr int kMaxDevices = 64;
-  static DeviceInfo infos[kMaxDevices];
+  static DeviceLimits infos[kMaxDevices];
   static std::once_flag once[kMaxDevices];
   TORCH_CHECK(device >= 0 && device < kMaxDevices, "device index ", device, " out of range");
   std::call_once(once[device], [device] {
-    DeviceInfo& d = infos[device];
+    DeviceLimits& d = infos[device];
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_per_sm,
@@ -65,40 +52,6 @@ const DeviceInfo& device_info(int device) {
                                           cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   });
   return infos[device];
-}
-
-// The team of each row (see kernels/sampling_kernels.cuh): on sm_90 and later a cluster of up to
-// 8 blocks, enough that a block's slice of the row fits its shared memory with two blocks per
-// SM (more when there are few rows, so that about two blocks per SM are busy, keeping at least
-// 4096 elements per block). Earlier GPUs: one block per row. The slice is copied to shared
-// memory when it fits (two blocks per SM, else one); else later passes re-read global memory.
-template <typename T, int VEC>
-TeamArgs plan_team(int64_t rows, int64_t vocab, const DeviceInfo& info, uint32_t& smem_bytes) {
-  using Bits = typename Elem<T>::Bits;
-  constexpr int64_t kTile = 32 * VEC;
-  const int64_t tiles = ceil_div<int64_t>(vocab, kTile);
-  // Building the bf16 weight table (4096 exps) pays off once a row is a few times longer.
-  const bool table = Elem<T>::kTable && vocab >= 16384;
-  const int64_t fixed = team_layout(table, 0).bytes;
-  const int64_t reserved = static_cast<int64_t>(sizeof(TeamShared)) + 64 + 1024;  // + per-block reserve
-  const auto budget = [&](int blocks_per_sm) {
-    return std::min<int64_t>(info.smem_per_block, info.smem_per_sm / blocks_per_sm) - reserved -
-           fixed;
-  };
-  const auto slice_bytes = [&](int size) {
-    return ceil_div<int64_t>(tiles, size) * kTile * static_cast<int64_t>(sizeof(Bits));
-  };
-  int size = 1;
-  if (info.major >= 9) {
-    while (size < kMaxTeamBlocks && slice_bytes(size) > budget(2)) size *= 2;
-    while (size < kMaxTeamBlocks && rows * size < 2 * info.sms &&
-           ceil_div<int64_t>(tiles, 2 * size) * kTile >= 4096)
-      size *= 2;
-  }
-  int64_t cache = slice_bytes(size);
-  if (cache > budget(1)) cache = 0;
-  smem_bytes = team_layout(table, static_cast<uint32_t>(cache)).bytes;
-  return {size, static_cast<uint32_t>(cache), table};
 }
 
 // Launches `teams` row teams of ta.size blocks each (a cluster when size > 1).
@@ -126,12 +79,6 @@ void launch_teams(void (*kernel)(Params...), int64_t teams, const TeamArgs& ta, 
     config.numAttrs = 1;
   }
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
-}
-
-ParamsView params_view(const ParamTensors& p) {
-  return {p.temperature.const_data_ptr<float>(), p.top_k.const_data_ptr<int64_t>(),
-          p.top_p.const_data_ptr<float>(),       p.min_p.const_data_ptr<float>(),
-          p.seed.const_data_ptr<int64_t>(),      p.offset.const_data_ptr<int64_t>()};
 }
 
 // What an error message needs, owned (a deferred check runs after the call returned).
@@ -207,51 +154,38 @@ void raise_device_errors(const at::Tensor& errors, const ErrorContext& ctx) {
 }
 
 // Calls launch(device type tag, vector width) for the logits dtype and alignment.
-template <typename T, typename Launch>
-void dispatch_width(bool aligned, const Launch& launch) {
-  if (aligned) {
-    launch(T{}, std::integral_constant<int, 16 / static_cast<int>(sizeof(T))>{});
-  } else {
-    launch(T{}, std::integral_constant<int, 1>{});
-  }
-}
-
 template <typename Launch>
 void dispatch_logits(const at::Tensor& logits, const Launch& launch) {
-  const bool aligned = rows_aligned(logits);
+  const int vec = team_vector_width(logits.size(-1) * logits.element_size(), logits.data_ptr(),
+                                    static_cast<int>(logits.element_size()));
   switch (logits.scalar_type()) {
-    case at::kFloat: dispatch_width<float>(aligned, launch); break;
-    case at::kHalf: dispatch_width<__half>(aligned, launch); break;
-    case at::kBFloat16: dispatch_width<__nv_bfloat16>(aligned, launch); break;
+    case at::kFloat: dispatch_team_width<float>(vec, launch); break;
+    case at::kHalf: dispatch_team_width<__half>(vec, launch); break;
+    case at::kBFloat16: dispatch_team_width<__nv_bfloat16>(vec, launch); break;
     default: TORCH_CHECK_VALUE(false, "unsupported logits dtype ", logits.scalar_type());
   }
 }
 
 // ----------------------------------------------------------------------------- sample
 
-std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset, bool with_probs) {
-  check_logits(logits, "logits", 2, "[N, V]");
-  const ParamTensors params{temperature, top_k, top_p, min_p, seed, offset};
+SampleResult sample_cuda(const at::Tensor& logits, const ParamTensors& params, bool with_probs) {
+  check_sample_args(logits, params);
   const int64_t rows = logits.size(0);
   const int64_t vocab = logits.size(1);
-  check_params(params, rows, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor tokens = at::empty({rows}, logits.options().dtype(at::kLong));
   at::Tensor probs =
       at::empty({with_probs ? rows : 0, vocab}, logits.options().dtype(at::kFloat));
   at::Tensor errors = at::empty({rows}, logits.options().dtype(at::kLong));
   if (rows == 0) return {tokens, probs};
-  const ParamsView view = params_view(params);
+  const ParamPointers view = param_pointers(params);
   const int mantissa = mantissa_bits(logits.scalar_type());
-  const DeviceInfo& info = device_info(logits.get_device());
+  const DeviceLimits& info = device_info(logits.get_device());
   dispatch_logits(logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
     uint32_t smem = 0;
-    const TeamArgs ta = plan_team<T, kVec>(rows, vocab, info, smem);
+    const TeamArgs ta = plan_team(rows, vocab, sizeof(T), kVec, Elem<T>::kTable, info, smem);
     launch_teams(&sample_kernel<T, kVec>, rows, ta, smem, "N (rows of logits)",
                  static_cast<const T*>(logits.const_data_ptr()), vocab, mantissa, view, ta,
                  tokens.mutable_data_ptr<int64_t>(),
@@ -262,20 +196,6 @@ std::tuple<at::Tensor, at::Tensor> sample_cuda_impl(
   ctx.vocab = vocab;
   raise_device_errors(errors, ctx);
   return {tokens, probs};
-}
-
-at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& temperature,
-                       const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-                       const at::Tensor& seed, const at::Tensor& offset) {
-  return std::get<0>(
-      sample_cuda_impl(logits, temperature, top_k, top_p, min_p, seed, offset, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> sample_with_probs_cuda(
-    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-    const at::Tensor& top_p, const at::Tensor& min_p, const at::Tensor& seed,
-    const at::Tensor& offset) {
-  return sample_cuda_impl(logits, temperature, top_k, top_p, min_p, seed, offset, true);
 }
 
 // ----------------------------------------------------------------------------- verify
@@ -309,20 +229,20 @@ struct Workspace {
 template <bool kTree>
 void launch_verify(VerifyArgs& args, const at::Tensor& target_logits) {
   if (args.batch * args.rows == 0) return;
-  const DeviceInfo& info = device_info(target_logits.get_device());
+  const DeviceLimits& info = device_info(target_logits.get_device());
   dispatch_logits(target_logits, [&](auto type_tag, auto vec_tag) {
     using T = decltype(type_tag);
     constexpr int kVec = decltype(vec_tag)::value;
     uint32_t smem = 0;
-    const TeamArgs ta = plan_team<T, kVec>(args.batch * args.rows, args.vocab, info, smem);
+    const TeamArgs ta = plan_team(args.batch * args.rows, args.vocab, sizeof(T), kVec,
+                                  Elem<T>::kTable, info, smem);
     launch_teams(&verify_kernel<T, kVec, kTree>, args.batch * args.rows, ta, smem,
                  "B * (K + 1) or B * T", args, ta);
   });
 }
 
 VerifyArgs base_args(const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs,
-                     const ParamTensors& params, bool typical, float posterior_threshold,
-                     float posterior_alpha) {
+                     const ParamTensors& params, const AcceptanceRule& rule) {
   VerifyArgs a{};
   a.logits = target_logits.const_data_ptr();
   a.batch = target_logits.size(0);
@@ -330,17 +250,17 @@ VerifyArgs base_args(const at::Tensor& target_logits, const std::optional<at::Te
   a.vocab = target_logits.size(2);
   a.mantissa_bits = mantissa_bits(target_logits.scalar_type());
   a.draft_probs = draft_probs.has_value() ? draft_probs->const_data_ptr<float>() : nullptr;
-  a.params = params_view(params);
-  a.typical = typical;
-  a.posterior_threshold = posterior_threshold;
-  a.posterior_alpha = posterior_alpha;
+  a.params = param_pointers(params);
+  a.typical = rule.typical;
+  a.posterior_threshold = rule.posterior_threshold;
+  a.posterior_alpha = rule.posterior_alpha;
   return a;
 }
 
-std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, bool typical,
-    float posterior_threshold, float posterior_alpha) {
+ChainResult verify_chain_cuda(const at::Tensor& draft_tokens, const at::Tensor& num_draft,
+                              const at::Tensor& target_logits,
+                              const std::optional<at::Tensor>& draft_probs,
+                              const ParamTensors& params, const AcceptanceRule& rule) {
   check_chain_inputs(draft_tokens, num_draft, target_logits, draft_probs, params);
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const int64_t batch = draft_tokens.size(0);
@@ -348,8 +268,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
   at::Tensor tokens = at::empty({batch, rows}, draft_tokens.options());
   at::Tensor num_accepted = at::empty({batch}, draft_tokens.options());
   Workspace ws(batch, rows, target_logits.options());
-  VerifyArgs a = base_args(target_logits, draft_probs, params, typical, posterior_threshold,
-                           posterior_alpha);
+  VerifyArgs a = base_args(target_logits, draft_probs, params, rule);
   a.tokens = draft_tokens.const_data_ptr<int64_t>();
   a.num_draft = num_draft.const_data_ptr<int64_t>();
   ws.fill(a);
@@ -357,19 +276,16 @@ std::tuple<at::Tensor, at::Tensor> verify_chain_cuda_impl(
   a.out_nodes = nullptr;
   a.out_num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   launch_verify<false>(a, target_logits);
-  ErrorContext ctx{OpKind::kChain, params};
-  ctx.tokens = &draft_tokens;
-  ctx.num_draft = &num_draft;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = a.vocab;
+  const ErrorContext ctx =
+      chain_error_context(params, draft_tokens, num_draft, draft_probs, a.vocab);
   raise_device_errors(ws.errors, ctx);
   return {tokens, num_accepted};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const ParamTensors& params, bool typical,
-    float posterior_threshold, float posterior_alpha) {
+TreeResult verify_tree_cuda(const at::Tensor& tree_tokens, const at::Tensor& parents,
+                            const at::Tensor& target_logits,
+                            const std::optional<at::Tensor>& draft_probs,
+                            const ParamTensors& params, const AcceptanceRule& rule) {
   check_tree_inputs(tree_tokens, parents, target_logits, draft_probs, params);
   const c10::cuda::CUDAGuard guard(target_logits.device());
   const int64_t batch = tree_tokens.size(0);
@@ -378,8 +294,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
   at::Tensor tokens = at::empty({batch, rows}, tree_tokens.options());
   at::Tensor num_accepted = at::empty({batch}, tree_tokens.options());
   Workspace ws(batch, rows, target_logits.options());
-  VerifyArgs a = base_args(target_logits, draft_probs, params, typical, posterior_threshold,
-                           posterior_alpha);
+  VerifyArgs a = base_args(target_logits, draft_probs, params, rule);
   a.tokens = tree_tokens.const_data_ptr<int64_t>();
   a.parents = parents.const_data_ptr<int64_t>();
   ws.fill(a);
@@ -387,66 +302,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda_impl(
   a.out_nodes = nodes.mutable_data_ptr<int64_t>();
   a.out_num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   launch_verify<true>(a, target_logits);
-  ErrorContext ctx{OpKind::kTree, params};
-  ctx.tokens = &tree_tokens;
-  ctx.parents = &parents;
-  ctx.draft_probs = draft_probs.has_value() ? &*draft_probs : nullptr;
-  ctx.vocab = a.vocab;
+  const ErrorContext ctx =
+      tree_error_context(params, tree_tokens, parents, draft_probs, a.vocab);
   raise_device_errors(ws.errors, ctx);
   return {nodes, tokens, num_accepted};
-}
-
-std::tuple<at::Tensor, at::Tensor> verify_chain_cuda(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_chain_cuda_impl(draft_tokens, num_draft, target_logits, draft_probs,
-                                {temperature, top_k, top_p, min_p, seed, offset}, false, 0.0f,
-                                0.0f);
-}
-
-std::tuple<at::Tensor, at::Tensor> typical_verify_chain_cuda(
-    const at::Tensor& draft_tokens, const at::Tensor& num_draft, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_chain_cuda_impl(draft_tokens, num_draft, target_logits, std::nullopt,
-                                {temperature, top_k, top_p, min_p, seed, offset}, true,
-                                static_cast<float>(posterior_threshold),
-                                static_cast<float>(posterior_alpha));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& temperature,
-    const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,
-    const at::Tensor& seed, const at::Tensor& offset) {
-  return verify_tree_cuda_impl(tree_tokens, parents, target_logits, draft_probs,
-                               {temperature, top_k, top_p, min_p, seed, offset}, false, 0.0f,
-                               0.0f);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> typical_verify_tree_cuda(
-    const at::Tensor& tree_tokens, const at::Tensor& parents, const at::Tensor& target_logits,
-    const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& min_p, const at::Tensor& seed, const at::Tensor& offset,
-    double posterior_threshold, double posterior_alpha) {
-  return verify_tree_cuda_impl(tree_tokens, parents, target_logits, std::nullopt,
-                               {temperature, top_k, top_p, min_p, seed, offset}, true,
-                               static_cast<float>(posterior_threshold),
-                               static_cast<float>(posterior_alpha));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("sample", &sample_cuda);
-  m.impl("sample_with_probs", &sample_with_probs_cuda);
-  m.impl("verify_chain", &verify_chain_cuda);
-  m.impl("verify_tree", &verify_tree_cuda);
-  m.impl("typical_verify_chain", &typical_verify_chain_cuda);
-  m.impl("typical_verify_tree", &typical_verify_tree_cuda);
+  m.impl("sample", &sample_op<sample_cuda>);
+  m.impl("sample_with_probs", &sample_with_probs_op<sample_cuda>);
+  m.impl("verify_chain", &verify_chain_op<verify_chain_cuda>);
+  m.impl("verify_tree", &verify_tree_op<verify_tree_cuda>);
+  m.impl("typical_verify_chain", &typical_verify_chain_op<verify_chain_cuda>);
+  m.impl("typical_verify_tree", &typical_verify_tree_op<verify_tree_cuda>);
 }
 
 }  // namespace specdec

@@ -1,4 +1,5 @@
-// CUDA launchers of the tree ops (kernels in kernels/tree.cuh and kernels/tree_attention.cuh).
+// CUDA launchers of the tree ops (kernels in kernels/tree_masks.cuh and
+// kernels/tree_attention.cuh).
 //
 // build_tree_masks validates the parent arrays on the host (one small device-to-host copy),
 // except while a CUDA graph is being captured. tree_attention makes no host copy at all (see
@@ -19,7 +20,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "cuda/kernels/tree.cuh"
+#include "cuda/kernels/tree_masks.cuh"
 #include "cuda/kernels/tree_attention.cuh"
 #include "tree_common.h"
 
@@ -68,7 +69,7 @@ build_tree_masks_cuda(const at::Tensor& parents, const at::Tensor& prefix_lens) 
     if (!capturing_graph()) check_tree_mask_values<index_t>(parents.cpu(), prefix_lens.cpu());
     if (batch == 0) return;
     const at::Tensor has_child = at::zeros({batch, nodes}, parents.options().dtype(at::kInt));
-    build_tree_masks_kernel<index_t><<<static_cast<unsigned>(batch), 256, 0,
+    build_tree_masks_kernel<index_t><<<static_cast<unsigned>(batch), kTreeMaskThreads, 0,
                                        c10::cuda::getCurrentCUDAStream()>>>(
         parents.const_data_ptr<index_t>(), prefix_lens.const_data_ptr<index_t>(),
         out.mask.mutable_data_ptr<bool>(), out.packed.mutable_data_ptr<int32_t>(),
@@ -93,11 +94,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> build_lookahead_masks_cuda(
       check_lookahead_values<index_t>(window.cpu(), levels.cpu(), tree_nodes, num_rows);
     }
     if (total == 0) return;
-    constexpr int kThreads = 128;
-    const int64_t blocks = ceil_div<int64_t>(total, kThreads);
+    const int64_t blocks = ceil_div<int64_t>(total, kLookaheadThreads);
     TORCH_CHECK_VALUE(blocks <= INT32_MAX, "build_lookahead_masks: B * num_rows = ", total,
                       " exceeds the CUDA grid limit");
-    build_lookahead_masks_kernel<index_t><<<static_cast<unsigned>(blocks), kThreads, 0,
+    build_lookahead_masks_kernel<index_t><<<static_cast<unsigned>(blocks), kLookaheadThreads, 0,
                                             c10::cuda::getCurrentCUDAStream()>>>(
         window.const_data_ptr<index_t>(), levels.const_data_ptr<index_t>(),
         out.mask.mutable_data_ptr<bool>(), out.packed.mutable_data_ptr<int32_t>(),
@@ -163,66 +163,38 @@ int prepare_kernel(int64_t smem, int device) {
   return occupancy[device];
 }
 
-// Sizes the grid (row blocks x splits, one wave where the work allows), launches the main
-// kernel and, with several splits, the combine kernel.
+// Launches the main kernel (row blocks x splits, one wave where the work allows) and, with
+// several splits, the combine kernel.
 template <typename scalar_t>
-void launch_tree_attention_kernels(TreeAttentionParams<scalar_t> p,
-                                   void (*kernel)(const TreeAttentionParams<scalar_t>),
-                                   int rows_per_cta, int key_tile, int64_t smem, int ctas_per_sm,
-                                   const at::Tensor& q) {
-  const int64_t rows = static_cast<int64_t>(p.tokens) * p.group;
-  p.row_blocks = static_cast<int>(ceil_div<int64_t>(rows, rows_per_cta));
-  p.key_tile = key_tile;
-  const int64_t base_ctas = static_cast<int64_t>(p.batch) * p.kv_heads * p.row_blocks;
-  TORCH_CHECK_VALUE(base_ctas <= INT32_MAX, "tree_attention: B * Hkv * row blocks = ", base_ctas,
-                    " exceeds the CUDA grid limit");
-  const int64_t wave = static_cast<int64_t>(device_info(q.get_device()).sms) * ctas_per_sm;
-  p.num_splits =
-      choose_tree_attention_splits(base_ctas, wave, ceil_div<int64_t>(p.capacity, key_tile));
-  at::Tensor partial_out, partial_lse;
-  if (p.num_splits > 1) {
-    const auto opts = q.options().dtype(at::kFloat);
-    partial_out = at::empty({p.batch, p.tokens, p.q_heads, p.num_splits, p.head_dim}, opts);
-    partial_lse = at::empty({p.batch, p.tokens, p.q_heads, p.num_splits}, opts);
-    p.partial_out = partial_out.mutable_data_ptr<float>();
-    p.partial_lse = partial_lse.mutable_data_ptr<float>();
-  }
-  auto stream = c10::cuda::getCurrentCUDAStream();
-  const dim3 grid(static_cast<unsigned>(base_ctas), static_cast<unsigned>(p.num_splits));
-  kernel<<<grid, kTreeAttentionThreads, smem, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (p.num_splits > 1) {
-    constexpr int kWarps = 8;
-    const int64_t out_rows = static_cast<int64_t>(p.batch) * p.tokens * p.q_heads;
-    tree_attention_combine_kernel<scalar_t>
-        <<<static_cast<unsigned>(ceil_div<int64_t>(out_rows, kWarps)), kWarps * 32, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-}
-
-template <typename scalar_t>
-void launch_tree_attention(const TreeAttentionParams<scalar_t>& p, bool tensor_cores,
+void launch_tree_attention(TreeAttentionParams<scalar_t> p, bool tensor_cores,
                            const at::Tensor& q) {
   const int device = q.get_device();
-  const int tile_dim = tensor_cores ? mma_tile_dim(p.head_dim) : 0;
-  if constexpr (sizeof(scalar_t) == 2) {
-    if (tile_dim != 0) {
-      const int64_t rows = static_cast<int64_t>(p.tokens) * p.group;
-      dispatch_mma_tile(tile_dim, mma_m_tiles(tile_dim, rows), [&](auto dim, auto m_tiles) {
-        using Config = MmaTileConfig<decltype(dim)::value, decltype(m_tiles)::value>;
-        constexpr auto kernel =
-            &tree_attention_mma_kernel<scalar_t, decltype(dim)::value, decltype(m_tiles)::value>;
-        const int ctas = prepare_kernel<kernel>(Config::kSmemBytes, device);
-        launch_tree_attention_kernels(p, kernel, Config::kRows, Config::kKeys,
-                                      Config::kSmemBytes, ctas, q);
-      });
-      return;
+  dispatch_tree_attention(p, tensor_cores, [&](auto kernel, int rows_per_cta, int key_tile,
+                                               int64_t smem, int) {
+    constexpr auto main_kernel = decltype(kernel)::value;
+    const int ctas_per_sm = prepare_kernel<main_kernel>(smem, device);
+    const int64_t wave = static_cast<int64_t>(device_info(device).sms) * ctas_per_sm;
+    const TreeAttentionGrid grid = plan_tree_attention(p, rows_per_cta, key_tile, wave);
+    TORCH_CHECK_VALUE(grid.ctas <= INT32_MAX, "tree_attention: B * Hkv * row blocks = ", grid.ctas,
+                      " exceeds the CUDA grid limit");
+    at::Tensor partial_out, partial_lse;
+    if (grid.splits > 1) {
+      const auto opts = q.options().dtype(at::kFloat);
+      partial_out = at::empty({p.batch, p.tokens, p.q_heads, p.num_splits, p.head_dim}, opts);
+      partial_lse = at::empty({p.batch, p.tokens, p.q_heads, p.num_splits}, opts);
+      p.partial_out = partial_out.mutable_data_ptr<float>();
+      p.partial_lse = partial_lse.mutable_data_ptr<float>();
     }
-  }
-  constexpr auto kernel = &tree_attention_simt_kernel<scalar_t>;
-  const int64_t smem = simt_smem_floats(p.head_dim) * static_cast<int64_t>(sizeof(float));
-  const int ctas = prepare_kernel<kernel>(smem, device);
-  launch_tree_attention_kernels(p, kernel, kSimtRows, kSimtKeys, smem, ctas, q);
+    auto stream = c10::cuda::getCurrentCUDAStream();
+    main_kernel<<<dim3(static_cast<unsigned>(grid.ctas), static_cast<unsigned>(grid.splits)),
+                  kTreeAttentionThreads, smem, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (grid.splits > 1) {
+      tree_attention_combine_kernel<scalar_t>
+          <<<static_cast<unsigned>(grid.combine_ctas), kCombineWarps * 32, 0, stream>>>(p);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
 }
 
 // No host copy of cache_lens: the grid depends on shapes only and each CTA sizes its key range

@@ -15,9 +15,13 @@ from specdec_kernels.bench.methods import (
     METHOD_DRAFTERS,
     check_method_names,
 )
+from specdec_kernels.bench.prompts import load_prompts, select_prompts
 from specdec_kernels.cli import (
     DRAFTER_OPTIONS,
     add_method_arguments,
+    add_prompts_file_argument,
+    add_sampling_arguments,
+    at_least,
     drafter_options,
     given_drafter_options,
     run_command,
@@ -46,30 +50,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'default' (SmolLM2-135M-Instruct), an HF model folder or a .gguf file")
     parser.add_argument("--draft", help="draft model (HF folder or .gguf) for the draft-model methods")
     parser.add_argument("--methods", help="comma list from: " + ", ".join(METHOD_DESCRIPTIONS))
-    # One prompt per category keeps the default run under 5 minutes on 2 CPU cores.
-    parser.add_argument("--prompts-per-category", type=int, default=1,
+    positive = at_least(1)
+    # One prompt per category: the default run is the README's main job.
+    parser.add_argument("--prompts-per-category", type=positive, default=1,
                         help="first N prompts of each category (default 1)")
     parser.add_argument("--all-prompts", action="store_true", help="every prompt of the file")
     parser.add_argument("--categories", help="comma list of categories (default all six)")
-    parser.add_argument("--prompt-file", help="Spec-Bench style JSONL (default: the dev set)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each method per prompt")
-    parser.add_argument("--batch-size", type=int, default=1,
+    add_prompts_file_argument(parser, "Spec-Bench style JSONL (default: the dev set)")
+    parser.add_argument("--max-new-tokens", type=positive, default=64)
+    parser.add_argument("--repeats", type=positive, default=1,
+                        help="runs of each method per prompt (interleaved; the figures are "
+                        "medians, with the range over repeats)")
+    parser.add_argument("--batch-size", type=positive, default=1,
                         help="prompts of a category decoded together (HF assisted: 1 only)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--medusa-heads",
                         help="heads folder for ours-medusa/ours-blockwise (default: shipped)")
     parser.add_argument("--medusa-cost-curve",
                         help="step-cost JSON the medusa/blockwise trees are derived from "
                              "(default: the shipped CPU curve)")
-    parser.add_argument("--exit-layer", type=int,
+    parser.add_argument("--exit-layer", type=positive,
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    # float32 by default: at file precision HF generate and our loop round attention
+    # differently and the activations' int8 quantization turns that into different greedy
+    # tokens within a few dozen (bench/RESULTS.md, 2026-11-25), so "identical" would say little.
+    parser.add_argument("--weights", default="float32", choices=["file", "float32"],
+                        help="GGUF models: dequantized to float32 (default, comparable with "
+                             "HF generate token for token) or at the file's precision")
+    parser.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
     # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
     add_method_arguments(parser)
@@ -86,10 +97,20 @@ def _drafter_options(args: argparse.Namespace, names: list) -> dict:
     return {d: drafter_options(args, d) for d in drafters}
 
 
+def _check_drafters(options: dict) -> None:
+    """Make each of our drafters once from the options (its own checks: sizes, heads and
+    datastore files) before any model loads. The draft-model drafter needs its model: its
+    options are checked when the methods are built, before anything is allocated."""
+    from specdec_kernels.decoding.api import make_drafter
+
+    for name, given in options.items():
+        if name != "draft-model":
+            make_drafter(name, **given)
+
+
 def run(args: argparse.Namespace) -> dict:
-    # The options are checked before the models are loaded.
-    if args.max_new_tokens < 1 or args.repeats < 1 or args.batch_size < 1:
-        raise ValueError("--max-new-tokens, --repeats and --batch-size must be >= 1")
+    # The options are checked before the models are loaded (the numbers' ranges already by
+    # the parser).
     names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
     if args.draft and not args.methods:
         names += ["ours-draft-model", "hf-assisted"]
@@ -106,25 +127,27 @@ def run(args: argparse.Namespace) -> dict:
         names = [n for n in names if n not in BATCH_ONE_METHODS]
     check_method_names(names, has_draft=bool(args.draft))
     options = _drafter_options(args, names)
+    prompts = select_prompts(
+        load_prompts(args.prompts_file),
+        None if args.all_prompts else args.prompts_per_category,
+        args.categories.split(",") if args.categories else None,
+    )
+    _check_drafters(options)
 
     import torch
 
     from specdec_kernels.bench.harness import group_prompts, run_benchmark
     from specdec_kernels.bench.methods import Sampling, build_methods
-    from specdec_kernels.bench.prompts import load_prompts, select_prompts
+    from specdec_kernels.bench.machine import machine_info
     from specdec_kernels.bench.report import write_reports
     from specdec_kernels.models import encode_prompts, load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    prompts = select_prompts(
-        load_prompts(args.prompt_file),
-        None if args.all_prompts else args.prompts_per_category,
-        args.categories.split(",") if args.categories else None,
-    )
-    target = load_model(args.target, dtype=args.dtype, device=args.device)
-    draft = load_model(args.draft, dtype=args.dtype, device=args.device) if args.draft else None
+    target = load_model(args.target, dtype=args.dtype, device=args.device, weights=args.weights)
+    draft = (load_model(args.draft, dtype=args.dtype, device=args.device, weights=args.weights)
+             if args.draft else None)
     methods = build_methods(
         names, target.model, target.tokenizer,
         draft_model=draft.model if draft else None,
@@ -132,6 +155,7 @@ def run(args: argparse.Namespace) -> dict:
         exit_layer=args.exit_layer, drafter_options=options,
         cpu_kernels=False if args.torch_kernels else None,
         medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
+        gguf_path=_gguf_path(args.target),
     )
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     groups = len(group_prompts(prompts, args.batch_size))
@@ -157,7 +181,8 @@ def run(args: argparse.Namespace) -> dict:
         "device": args.device,
         "target_layers": target.model.config.num_hidden_layers,
         "dtype": args.dtype,
-        "threads": torch.get_num_threads(),
+        "weights": args.weights,
+        **machine_info(args.device),
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
@@ -170,7 +195,6 @@ def run(args: argparse.Namespace) -> dict:
         "method_settings": {n: getattr(m, "settings", {}) for n, m in methods.items()},
         "date": time.strftime("%Y-%m-%d"),
         "seconds": round(time.perf_counter() - start, 1),
-        "torch": torch.__version__,
         "command": command_line(args),
     }
     out_dir = Path(args.out)
@@ -181,12 +205,26 @@ def run(args: argparse.Namespace) -> dict:
     return figures
 
 
+#: How the benchmark was started, as its command line begins (``main`` sets the other).
+INVOKED_AS = "specdec bench"
+
+
+def _gguf_path(target: str):
+    """The GGUF file of a target (None for an HF folder)."""
+    from specdec_kernels.models import default_gguf_path
+
+    if target == "default":
+        return str(default_gguf_path())
+    return target if str(target).endswith(".gguf") else None
+
+
 def command_line(args: argparse.Namespace) -> str:
-    """``specdec bench`` with the options that differ from their defaults."""
+    """The command that was run (``specdec bench`` or ``python3 -m specdec_kernels.bench``)
+    with the options that differ from their defaults."""
     parser = build_parser()
-    words = ["specdec", "bench"]
+    words = getattr(args, "invoked_as", INVOKED_AS).split()
     for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "debug"):
+        if not action.option_strings or action.dest in ("help", "debug", "invoked_as"):
             continue
         value = getattr(args, action.dest, action.default)
         if value == action.default:
@@ -224,5 +262,5 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--debug", action="store_true", help="show the full traceback of every error"
     )
-    parser.set_defaults(func=_run_subcommand)
+    parser.set_defaults(func=_run_subcommand, invoked_as="python3 -m specdec_kernels.bench")
     return run_command(parser, argv)

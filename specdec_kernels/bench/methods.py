@@ -235,8 +235,13 @@ def _synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-#: HF assisted generation refuses batches of more than one prompt.
-BATCH_ONE_METHODS = ("hf-prompt-lookup", "hf-early-exit", "hf-assisted")
+#: HF assisted generation refuses batches of more than one prompt; llama-cpp-python decodes one
+#: prompt at a time.
+BATCH_ONE_METHODS = ("hf-prompt-lookup", "hf-early-exit", "hf-assisted", "llama-cpp",
+                     "llama-cpp-prompt-lookup")
+
+#: The llama.cpp peers (optional: llama-cpp-python, see ``specdec_kernels.bench.llama_cpp``).
+LLAMA_CPP_METHODS = ("llama-cpp", "llama-cpp-prompt-lookup")
 
 #: Every method name, in report order, with what it is.
 METHOD_DESCRIPTIONS = {
@@ -251,10 +256,12 @@ METHOD_DESCRIPTIONS = {
     "ours-medusa": "ours, Medusa heads (shipped for the default model), tree of top-k guesses",
     "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
     "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
-    "ours-quantized-self": "ours, an int8 (torch dynamic quantization) copy of the target drafts",
+    "ours-quantized-self": "ours, an int4 copy of the target (quantized_linear) drafts",
     "ours-multi": "ours, prompt lookup + retrieval + Medusa heads merged into one budgeted tree",
     "ours-draft-model": "ours, a separate draft model",
     "hf-assisted": "HF assisted generation, assistant_model",
+    "llama-cpp": "llama.cpp (llama-cpp-python) on the same GGUF file, plain",
+    "llama-cpp-prompt-lookup": "llama.cpp (llama-cpp-python), its prompt-lookup drafter",
 }
 
 
@@ -299,6 +306,7 @@ def build_methods(
     cpu_kernels: bool | None = None,
     medusa_heads=None,
     medusa_cost_curve=None,
+    gguf_path=None,
 ) -> dict:
     """The requested methods, ready to run.
 
@@ -328,12 +336,15 @@ def build_methods(
     medusa_cost_curve : str, optional
         The step-cost JSON their trees are derived from (see
         :class:`~specdec_kernels.decoding.cost.StepCost`).
+    gguf_path : str, optional
+        The target's GGUF file, for the llama.cpp peers.
 
     Raises
     ------
     ValueError
         An unknown name, a draft-model method without a draft model, a draft tokenizer that
-        differs from the target's, or bad drafter options.
+        differs from the target's, bad drafter options, or a llama.cpp peer without a GGUF
+        file or without llama-cpp-python.
     """
     from specdec_kernels.decoding import (
         BlockwiseDrafter,
@@ -418,6 +429,18 @@ def build_methods(
             "hf-assisted", model, tokenizer, assistant_model=draft_model
         ),
     }
+    def llama_cpp(name, prompt_lookup):
+        from specdec_kernels.bench.llama_cpp import LlamaCppMethod
+        from specdec_kernels.decoding.api import eos_token_ids
+
+        if gguf_path is None:
+            raise ValueError(f"{name} runs a GGUF file: give a .gguf target (or the default)")
+        return LlamaCppMethod(name, gguf_path, eos_token_ids(model, tokenizer),
+                              threads=torch.get_num_threads(), prompt_lookup=prompt_lookup)
+
+    factories["llama-cpp"] = lambda: llama_cpp("llama-cpp", 0)
+    factories["llama-cpp-prompt-lookup"] = lambda: llama_cpp(
+        "llama-cpp-prompt-lookup", prompt_lookup_tokens)
     methods = {name: factories[name]() for name in names}
     for method in methods.values():
         if isinstance(method, OursMethod):

@@ -25,15 +25,25 @@ class Prompt:
 
 def load_prompts(path: str | Path | None = None) -> list[Prompt]:
     """Every prompt of a Spec-Bench style JSONL file (first turn only; the packaged dev set
-    when ``path`` is omitted)."""
-    return [
-        Prompt(
-            int(row["question_id"]),
-            "mt_bench" if row["category"] in _MT_BENCH else row["category"],
-            row["turns"][0],
-        )
-        for row in data.load_prompts(path)
-    ]
+    when ``path`` is omitted).
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        See :func:`specdec_kernels.data.load_prompts` (every line needs ``question_id``,
+        ``category`` and ``turns``).
+    """
+    rows = data.load_prompts(path, required=("question_id", "category", "turns"))
+    prompts = []
+    for row in rows:
+        if isinstance(row["question_id"], bool) or not isinstance(row["question_id"], int):
+            raise ValueError(f"prompt file {path}: question_id {row['question_id']!r} is not an "
+                             "integer")
+        category = row["category"]
+        prompts.append(Prompt(row["question_id"],
+                              "mt_bench" if category in _MT_BENCH else str(category),
+                              row["turns"][0]))
+    return prompts
 
 
 def select_prompts(

@@ -8,10 +8,54 @@ import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from specdec_kernels.bench.machine import machine_line
 from specdec_kernels.bench.methods import BASELINE, METHOD_DESCRIPTIONS
 from specdec_kernels.bench.prompts import CATEGORIES
 
 OVERALL = "overall"
+
+#: A run is flagged as an outlier when its relative cost (below) is more than this many times
+#: its method's median. Legitimate differences between prompts stay well inside it (a method's
+#: speedup varies ~2x between categories); the stalls it catches cost 10x (a prompt of ~3 s
+#: that took ~40 s while the machine was busy).
+OUTLIER_FACTOR = 3.0
+
+
+def _cell(m) -> tuple:
+    """The group of prompts and the repeat a run belongs to: every method runs each cell
+    once, back to back (interleaved)."""
+    return (m.question_ids, m.repeat)
+
+
+def find_outliers(measurements, factor: float = OUTLIER_FACTOR) -> dict:
+    """The runs far from their method's others: ``{(method, question_ids, repeat): how many
+    times its method's usual relative cost}``.
+
+    A run's relative cost is its seconds per new token over the median seconds per new token
+    of every method on the same cell (same prompts, same repeat, run back to back), which
+    takes out how long the prompts are. A run is an outlier when its relative cost exceeds
+    ``factor`` times the median of its method's relative costs over all cells. Works from one
+    repeat on (the other prompts are the comparison); needs at least 3 cells per method.
+    """
+    per_token = {}
+    cells = defaultdict(list)
+    for m in measurements:
+        if m.record.new_tokens > 0 and m.record.seconds > 0:
+            cost = m.record.seconds / m.record.new_tokens
+            per_token[(m.method, *_cell(m))] = cost
+            cells[_cell(m)].append(cost)
+    typical = {cell: statistics.median(costs) for cell, costs in cells.items()}
+    relative = defaultdict(dict)
+    for (method, *cell), cost in per_token.items():
+        relative[method][tuple(cell)] = cost / typical[tuple(cell)]
+    flagged = {}
+    for method, by_cell in relative.items():
+        if len(by_cell) < 3:
+            continue
+        usual = statistics.median(by_cell.values())
+        flagged.update({(method, *cell): r / usual for cell, r in by_cell.items()
+                        if r > factor * usual})
+    return flagged
 
 
 def _rate(runs) -> float:
@@ -19,20 +63,30 @@ def _rate(runs) -> float:
     return sum(m.record.new_tokens for m in runs) / seconds if seconds > 0 else 0.0
 
 
-def summarize(measurements) -> dict:
+def summarize(measurements, outliers: dict | None = None) -> dict:
     """Figures per method and category (plus ``overall``).
 
     Tokens/s is total new tokens over total seconds of a repeat; its median and range are
     taken over repeats. Speedup is the median tokens/s over the baseline's, same category;
     its range (``speedup_min`` / ``speedup_max``) is that of the per-repeat ratios (each
-    repeat against the baseline's same repeat). tau is new tokens per request per target
-    forward (the prefill included); acceptance per draft depth is accepted / proposed, None
-    at depths never proposed.
+    repeat against the baseline's same repeat); ``run_speedup_min`` / ``_max`` is the range
+    of single runs (each prompt group and repeat against the baseline's). tau is new tokens
+    per request per target forward (the prefill included); acceptance per draft depth is
+    accepted / proposed, None at depths never proposed.
+
+    ``outliers`` (see :func:`find_outliers`) are left out: a flagged run, and for a method's
+    speedup the baseline's run of the same cell too (and every method's run of a cell where
+    the baseline's is flagged), so a speedup always compares the same prompts.
     """
+    outliers = outliers or {}
+    base_flagged = {(ids, repeat) for method, ids, repeat in outliers if method == BASELINE}
     groups = defaultdict(list)
     for m in measurements:
+        if (m.method, *_cell(m)) in outliers or _cell(m) in base_flagged:
+            continue
         groups[(m.method, m.category)].append(m)
         groups[(m.method, OVERALL)].append(m)
+    baseline_runs = {_cell(m): m for m in measurements if m.method == BASELINE}
     figures = {}
     for (method, category), runs in groups.items():
         by_repeat = defaultdict(list)
@@ -40,6 +94,12 @@ def summarize(measurements) -> dict:
             by_repeat[m.repeat].append(m)
         rates = [_rate(r) for r in by_repeat.values()]
         rate_by_repeat = {repeat: _rate(r) for repeat, r in by_repeat.items()}
+        # The baseline on exactly these runs' prompts (some may be left out as outliers).
+        base_by_repeat = {
+            repeat: _rate(same)
+            for repeat, r in by_repeat.items()
+            if (same := [baseline_runs[_cell(m)] for m in r if _cell(m) in baseline_runs])
+        }
         request_forwards = sum(sum(m.record.forward_rows) for m in runs)
         tokens = sum(m.record.new_tokens for m in runs)
         seconds = sum(m.record.seconds for m in runs)
@@ -85,25 +145,28 @@ def summarize(measurements) -> dict:
             "accept_rate": accepted[0] / step_rows if accepted and step_rows else None,
             "identical": (sum(identical) / len(identical)) if identical else None,
             "_rate_by_repeat": rate_by_repeat,
+            "_base_by_repeat": base_by_repeat,
+            "_run_ratios": [
+                (m.record.new_tokens / m.record.seconds)
+                / (b.record.new_tokens / b.record.seconds)
+                for m in runs
+                if (b := baseline_runs.get(_cell(m))) is not None
+                and min(m.record.seconds, b.record.seconds, b.record.new_tokens) > 0
+            ],
         }
-    for method, per_category in figures.items():
-        for category, row in per_category.items():
-            base = figures.get(BASELINE, {}).get(category)
-            row["speedup"] = (
-                row["tokens_per_second"] / base["tokens_per_second"]
-                if base and base["tokens_per_second"] > 0
-                else None
-            )
-            ratios = [
-                rate / base["_rate_by_repeat"][repeat]
-                for repeat, rate in row["_rate_by_repeat"].items()
-                if base and base["_rate_by_repeat"].get(repeat, 0) > 0
-            ]
-            row["speedup_min"] = min(ratios) if ratios else None
-            row["speedup_max"] = max(ratios) if ratios else None
     for per_category in figures.values():
         for row in per_category.values():
-            del row["_rate_by_repeat"]
+            base, rates = row.pop("_base_by_repeat"), row.pop("_rate_by_repeat")
+            positive = [rate for rate in base.values() if rate > 0]
+            row["speedup"] = (
+                row["tokens_per_second"] / statistics.median(positive) if positive else None
+            )
+            ratios = [rate / base[r] for r, rate in rates.items() if base.get(r, 0) > 0]
+            row["speedup_min"] = min(ratios) if ratios else None
+            row["speedup_max"] = max(ratios) if ratios else None
+            run_ratios = row.pop("_run_ratios")
+            row["run_speedup_min"] = min(run_ratios) if run_ratios else None
+            row["run_speedup_max"] = max(run_ratios) if run_ratios else None
     return figures
 
 
@@ -135,31 +198,64 @@ def _kernels_note(kernels) -> str:
     return f", ours on the {kernels['path']} kernels ({kernels['isa']}{prefill})"
 
 
-def markdown(figures: dict, config: dict) -> str:
-    """The overall table, the per-category speedup table and acceptance by draft depth."""
+def _flagged_lines(outliers: list) -> list:
+    """The flagged runs (see :func:`find_outliers`) as a Markdown table."""
+    if not outliers:
+        return []
+    lines = [
+        "",
+        f"Flagged runs, left out of every figure above (each cost more than {OUTLIER_FACTOR:g}× "
+        "its method's usual share of the same prompts' time; the baseline's run of those "
+        "prompts is left out of that method's speedup too):",
+        "",
+        "| method | questions | category | repeat | seconds | tokens/s | × usual cost |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for o in outliers:
+        lines.append(
+            f"| {o['method']} | {', '.join(map(str, o['question_ids']))} | {o['category']} | "
+            f"{o['repeat']} | {o['seconds']:.1f} | {o['tokens_per_second']:.1f} | "
+            f"{o['times_usual']:.1f} |"
+        )
+    return lines
+
+
+def markdown(figures: dict, config: dict, outliers: list = ()) -> str:
+    """The overall table, flagged runs, the per-category speedup table and acceptance by
+    draft depth."""
     lines = [
         f"Target: {config['target']}, {config['device']} {config['dtype']}, "
         f"{config['prompts']} prompts, {config['max_new_tokens']} new tokens, "
         f"{config['repeats']} repeat(s), batch size {config.get('batch_size', 1)}, "
         + ("greedy" if config["temperature"] == 0 else f"sampling T={config['temperature']}")
         + _kernels_note(config.get("cpu_kernels"))
-        + f". Command: `{config['command']}`",
+        + f", {config.get('date', 'undated')}. Command: `{config['command']}`",
         "",
-        "| method | tokens/s (median [min–max]) | speedup vs HF generate | τ | drafter time | "
-        "output identical to HF generate |",
-        "|---|---|---:|---:|---:|---:|",
+        machine_line(config),
+        "",
+        "| method | tokens/s (median [min–max]) | speedup vs HF generate | speedup of single "
+        "runs (min–max) | τ | drafter time | output identical to HF generate |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for method in _methods_in_order(figures):
-        row = figures[method][OVERALL]
+        row = figures[method].get(OVERALL)
+        if row is None:  # every run flagged
+            lines.append(f"| {method} | — | — | — | — | — | — |")
+            continue
         rate = (
             f"{row['tokens_per_second']:.1f} [{row['tokens_per_second_min']:.1f}–"
             f"{row['tokens_per_second_max']:.1f}]"
         )
+        spread = (
+            "—" if row["run_speedup_min"] is None
+            else f"{row['run_speedup_min']:.2f}–{row['run_speedup_max']:.2f}×"
+        )
         lines.append(
-            f"| {method} | {rate} | {_fmt(row['speedup'], '.2f')}× | {_fmt(row['tau'], '.2f')} | "
-            f"{_fmt(row['drafter_time_share'], '.0%')} | "
+            f"| {method} | {rate} | {_fmt(row['speedup'], '.2f')}× | {spread} | "
+            f"{_fmt(row['tau'], '.2f')} | {_fmt(row['drafter_time_share'], '.0%')} | "
             f"{_fmt(row['identical'], '.0%', 'n/a')} |"
         )
+    lines += _flagged_lines(list(outliers))
     categories = _categories_in_order(figures)
     lines += ["", "Speedup vs HF generate by category (τ in brackets):", ""]
     lines.append("| method | " + " | ".join(categories) + " |")
@@ -250,6 +346,31 @@ def acceptance_series(figures: dict) -> dict:
     return series
 
 
+#: Hatches and markers that, with the 20 colours of matplotlib's ``tab20``, keep every method
+#: of a plot distinct (a colour repeats only past 20 methods, then with another hatch).
+_HATCHES = ("", "//", "..", "xx")
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "p", "d", "H", "8")
+
+
+def method_styles(methods: list) -> dict:
+    """``{method: {"color", "hatch", "marker"}}``: no two methods share all three, and no two
+    of the first 20 share a colour. Colours follow the method's place in
+    :data:`METHOD_DESCRIPTIONS`, so a method keeps its colour from one report to the next."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab20"].colors
+    order = list(METHOD_DESCRIPTIONS) + [m for m in methods if m not in METHOD_DESCRIPTIONS]
+    styles = {}
+    for method in methods:
+        i = order.index(method)
+        styles[method] = {
+            "color": palette[i % len(palette)],
+            "hatch": _HATCHES[(i // len(palette)) % len(_HATCHES)],
+            "marker": _MARKERS[i % len(_MARKERS)],
+        }
+    return styles
+
+
 def _pyplot():
     import matplotlib
 
@@ -264,26 +385,29 @@ def speedup_figure(figures: dict):
     min–max whiskers when there are several repeats, otherwise titled as single runs."""
     plt = _pyplot()
     categories, bars, runs = speedup_bars(figures)
-    fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(categories)), 4.5))
+    styles = method_styles(list(bars))
+    fig, ax = plt.subplots(figsize=(max(10, 1.6 * len(categories)), 5))
     width = 0.8 / max(len(bars), 1)
     for i, (method, (values, lows, highs)) in enumerate(bars.items()):
         x = [j + i * width for j in range(len(categories))]
         heights = [v or 0.0 for v in values]
+        style = {"label": method, "color": styles[method]["color"],
+                 "hatch": styles[method]["hatch"], "edgecolor": "white", "linewidth": 0}
         if runs > 1:
             known = [None not in t for t in zip(values, lows, highs)]
             spread = [
                 [v - lo if k else 0.0 for v, lo, k in zip(values, lows, known)],
                 [hi - v if k else 0.0 for v, hi, k in zip(values, highs, known)],
             ]
-            ax.bar(x, heights, width, label=method, yerr=spread, capsize=2,
-                   error_kw={"elinewidth": 0.8})
+            ax.bar(x, heights, width, yerr=spread, capsize=2, error_kw={"elinewidth": 0.8},
+                   **style)
         else:
-            ax.bar(x, heights, width, label=method)
+            ax.bar(x, heights, width, **style)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + width * (len(bars) - 1) / 2 for j in range(len(categories))])
     ax.set_xticklabels(categories, rotation=20)
     ax.set_ylabel("speedup vs HF generate (tokens/s ratio)")
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if runs > 1:
         ax.set_title(f"Speedup by category (median of {runs} runs, whiskers: min–max)")
     else:
@@ -295,46 +419,72 @@ def speedup_figure(figures: dict):
 def acceptance_figure(figures: dict):
     """The matplotlib figure of ``acceptance.png`` (see :func:`acceptance_series`)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, (depths, rates) in acceptance_series(figures).items():
-        ax.plot(depths, rates, marker="o", label=method)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    series = acceptance_series(figures)
+    styles = method_styles(list(series))
+    for method, (depths, rates) in series.items():
+        ax.plot(depths, rates, marker=styles[method]["marker"], color=styles[method]["color"],
+                label=method)
     ax.set_xlabel("draft depth (depths never proposed left out)")
     ax.set_ylabel("acceptance rate (accepted / proposed)")
     ax.set_ylim(0, 1.05)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Acceptance by draft position")
     fig.tight_layout()
     return fig
 
 
-def plot(figures: dict, out_dir: Path) -> list:
-    """Speedup by category and method; acceptance by draft position. Returns the files."""
+def plot(figures: dict, out_dir: Path, machine: str = "") -> list:
+    """Speedup by category and method; acceptance by draft position, each with ``machine``
+    (:func:`~specdec_kernels.bench.machine.machine_line`) as a footnote. Returns the files."""
     plt = _pyplot()
 
     files = []
     for name, make in (("speedup.png", speedup_figure), ("acceptance.png", acceptance_figure)):
         fig = make(figures)
+        if machine:
+            fig.text(0.01, 0.005, machine, fontsize=6.5, ha="left", va="bottom")
+            fig.tight_layout(rect=(0, 0.04, 1, 1))
         files.append(out_dir / name)
         fig.savefig(files[-1], dpi=110)
         plt.close(fig)
     return files
 
 
+def describe_outliers(measurements, outliers: dict) -> list:
+    """The flagged runs as dicts (method, questions, category, repeat, seconds, tokens/s,
+    times its method's usual relative cost), in run order."""
+    found = []
+    for m in measurements:
+        factor = outliers.get((m.method, *_cell(m)))
+        if factor is not None:
+            found.append({
+                "method": m.method, "question_ids": list(m.question_ids),
+                "category": m.category, "repeat": m.repeat, "seconds": m.record.seconds,
+                "tokens_per_second": m.record.new_tokens / m.record.seconds,
+                "times_usual": factor,
+            })
+    return found
+
+
 def write_reports(measurements, config: dict, out_dir: Path) -> dict:
-    """Write results.json, results.md and the plots into ``out_dir``; return the figures."""
+    """Write results.json, results.md and the plots into ``out_dir``; return the figures
+    (outlier runs flagged and left out, see :func:`find_outliers`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    figures = summarize(measurements)
+    outliers = find_outliers(measurements)
+    figures = summarize(measurements, outliers)
+    flagged = describe_outliers(measurements, outliers)
+    runs = []
+    for m in measurements:
+        runs.append({**m.to_dict(), "outlier": (m.method, *_cell(m)) in outliers})
     with open(out_dir / "results.json", "w") as f:
         json.dump(
-            {
-                "config": config,
-                "figures": figures,
-                "measurements": [m.to_dict() for m in measurements],
-            },
+            {"config": config, "figures": figures, "outliers": flagged, "measurements": runs},
             f,
             indent=1,
         )
-    (out_dir / "results.md").write_text(markdown(figures, config))
-    plot(figures, out_dir)
+    (out_dir / "results.md").write_text(markdown(figures, config, flagged))
+    left_out = f"; {len(flagged)} flagged run(s) left out (results.md)" if flagged else ""
+    plot(figures, out_dir, machine_line(config) + left_out)
     return figures

@@ -8,9 +8,12 @@ by every method; methods differ only in the drafter.
   :class:`QuantizedSelfDrafter`, :class:`MultiDrafter` (several merged into one cost-budgeted
   tree, :class:`TreeBudget`) (subclass :class:`Drafter` for more; what a
   drafter can get from the step is documented in :mod:`~specdec_kernels.decoding.drafter`).
+- Acceptance rules a proposal carries: :data:`LOSSLESS` (default), :class:`Typical`,
+  :data:`GREEDY` (:mod:`~specdec_kernels.decoding.acceptance`).
 - :class:`Engine`, :class:`ModelRunner`, :class:`KVCache`: the parts, for harnesses.
 """
 
+from specdec_kernels.decoding.acceptance import GREEDY, LOSSLESS, AcceptanceRule, Typical
 from specdec_kernels.decoding.api import DRAFTER_NAMES, GenerationOutput, generate, make_drafter
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
@@ -21,6 +24,7 @@ from specdec_kernels.decoding.drafter import (
     Drafter,
     ExtraRows,
     NoDrafter,
+    Proposal,
     StepOutcome,
     TreeProposal,
 )
@@ -38,6 +42,9 @@ from specdec_kernels.decoding.stats import RequestStats, RunStats
 
 __all__ = [
     "DRAFTER_NAMES",
+    "GREEDY",
+    "LOSSLESS",
+    "AcceptanceRule",
     "AcceptanceStats",
     "AutoregressiveDrafter",
     "BlockwiseDrafter",
@@ -58,6 +65,7 @@ __all__ = [
     "MultiDrafter",
     "NoDrafter",
     "PromptLookupDrafter",
+    "Proposal",
     "QuantizedSelfDrafter",
     "RequestStats",
     "RetrievalDrafter",
@@ -67,6 +75,7 @@ __all__ = [
     "StopCriteria",
     "TreeBudget",
     "TreeProposal",
+    "Typical",
     "generate",
     "make_drafter",
 ]

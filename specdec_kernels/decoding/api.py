@@ -7,7 +7,6 @@ from typing import Sequence
 
 import torch
 
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
 from specdec_kernels.decoding.drafter import Drafter
 from specdec_kernels.decoding.engine import Engine, StopCriteria
@@ -15,6 +14,7 @@ from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
 from specdec_kernels.decoding.stats import RunStats
+from specdec_kernels.sampling import SamplingParams
 
 __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
 
@@ -67,7 +67,7 @@ def make_drafter(
         ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
         or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
         given), ``"retrieval"`` (the datastore shipped for the default model unless
-        ``datastore=...``), ``"quantized-self"`` (an int8 copy of the target) or ``"multi"``
+        ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target) or ``"multi"``
         (``prophets=`` merged into one budgeted tree; default :data:`DEFAULT_PROPHETS`).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
@@ -165,9 +165,10 @@ def _as_token_lists(inputs, tokenizer, chat_template: bool, device) -> list:
     if all(isinstance(x, str) for x in inputs):
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer (pass tokenizer=...)")
+        from specdec_kernels.data import check_prompt_texts
         from specdec_kernels.models import encode_prompts
 
-        return encode_prompts(tokenizer, inputs, chat_template=chat_template)
+        return encode_prompts(tokenizer, check_prompt_texts(inputs), chat_template=chat_template)
     tensor_devices = {x.device for x in inputs if isinstance(x, torch.Tensor)}
     if len(tensor_devices) > 1:
         names = ", ".join(sorted(str(d) for d in tensor_devices))
@@ -330,7 +331,8 @@ def generate(
     Raises
     ------
     ValueError
-        Empty prompts, ``max_new_tokens < 1``, a prompt that with ``max_new_tokens`` exceeds
+        Empty prompts (a text prompt that is blank too: the chat template alone makes the
+        model produce generic text), ``max_new_tokens < 1``, a prompt that with ``max_new_tokens`` exceeds
         the model's context (unless ``truncate_prompt``), bad sampling parameters, prompts on
         another device than the model, token ids outside the vocabulary, or a draft model
         whose tokenizer differs from the target's.
@@ -379,7 +381,7 @@ def generate(
     min_ps = _per_request(min_p, batch, "min_p")
     if any(not 0 <= m < 1 for m in min_ps):
         raise ValueError(f"min_p must be in [0, 1), got {min_p}")
-    params = step.SamplingParams.create(
+    params = SamplingParams.create(
         batch,
         temperature=temps,
         top_k=ks,

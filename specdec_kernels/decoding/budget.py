@@ -1,8 +1,12 @@
-"""The cost-model budget of a tree of drafts (EAGLE-2's idea, across prophets): each node's
-chance of being accepted is estimated from its prophets' running statistics by depth and rank
-(:class:`AcceptanceStats`), and :class:`TreeBudget` keeps the nodes that maximise expected
-tokens per unit of step cost under the device's measured ``c(T)``
-(:class:`~specdec_kernels.decoding.cost.StepCost`).
+"""The cost-model budget of a tree of drafts (EAGLE-2's idea, across prophets): the candidate
+drafts of a request merge into a trie that remembers each node's prophets
+(:class:`CandidateTree`), each node's chance of being accepted is estimated from its prophets'
+running statistics by depth and rank (:class:`AcceptanceStats`), :class:`TreeBudget` keeps the
+nodes that maximise expected tokens per unit of step cost under the device's measured ``c(T)``
+(:class:`~specdec_kernels.decoding.cost.StepCost`) (:func:`budgeted_trees`), and once the
+target has spoken every candidate is judged into the statistics (:class:`OutcomeJudge`). This
+greedy choice is the only one in the package: merged and retrieval trees go through it every
+step, Medusa's static tree once (:func:`specdec_kernels.decoding.medusa.choose_tree`).
 
 Expected tokens of a kept set ``S`` of drafted nodes: ``1 + sum_{n in S} P(path to n is
 accepted)`` (the target's own token, plus every node whose whole path holds). With
@@ -19,8 +23,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdec_kernels.decoding.cost import StepCost
+from specdec_kernels.tree import Trie, stack_trees
 
-__all__ = ["CLASS_PRIORS", "AcceptanceStats", "TreeBudget", "path_probabilities"]
+__all__ = [
+    "CLASS_PRIORS",
+    "AcceptanceStats",
+    "CandidateTree",
+    "OutcomeJudge",
+    "TreeBudget",
+    "budgeted_trees",
+    "judge",
+    "path_probabilities",
+]
 
 #: Prior acceptance of a node by how deep its prophet drafted this time (the class in a
 #: statistics key ``"name:class"``, see ``CandidateTree.labels``): evidence replaces it within
@@ -191,3 +205,170 @@ class TreeBudget:
                 best_n, expected, best_value = n, running, value
         kept = [sorted([0] + order[:best_n]) for order in orders]
         return kept, expected, self.cost(best_n + 1, batch)
+
+
+# ---------------------------------------------------------------------------- candidates
+
+
+class CandidateTree(Trie):
+    """A trie of drafts rooted at a request's pending token, with each node's prophets: the
+    candidates the budget chooses from.
+
+    Attributes
+    ----------
+    tokens, parents, depths : list of int
+        Per node (node 0 the root: the pending token, parent ``-1``, depth 0), as in
+        :class:`~specdec_kernels.tree.Trie`.
+    sources : list of dict
+        Per node ``{prophet: rank}``.
+    labels : dict
+        ``{prophet: statistics key}``: under which key of :class:`AcceptanceStats` this
+        prophet's nodes of this tree are estimated and judged. By default the prophet's name
+        and how deep it drafted this time (``"prompt-lookup:9+"``): a prophet that drafts deep
+        only when it is sure (prompt lookup on a long match, retrieval on a long suffix) gets
+        separate statistics for its sure and its unsure proposals.
+    """
+
+    def __init__(self, root: int):
+        super().__init__(root)
+        self.sources: list = [{}]
+        self.labels: dict = {}
+
+    def label(self, prophet: str) -> str:
+        return self.labels.get(prophet, prophet)
+
+    def propose(self, parent: int, token: int, prophet: str, rank: int) -> int:
+        """The node for ``token`` under ``parent`` (made if new), with ``prophet`` recorded at
+        ``rank`` (its best rank there if it proposed the node twice)."""
+        node = self.add(parent, token)
+        if node == len(self.sources):
+            self.sources.append({})
+        known = self.sources[node].get(prophet)
+        self.sources[node][prophet] = rank if known is None else min(known, rank)
+        return node
+
+    def add_tree(self, tokens: list, parents: list, prophet: str, max_depth: int) -> list:
+        """Insert a prophet's tree (``tokens[0]`` is the root; ``parents`` with ``-2``
+        padding), nodes deeper than ``max_depth`` left out.
+
+        Returns
+        -------
+        list of int
+            The trie node of each of the prophet's nodes (``-1`` for padding, left out).
+        """
+        where = [0] + [-1] * (len(tokens) - 1)
+        ranks: dict = {}
+        deepest = 0
+        for j in range(1, len(tokens)):
+            parent = parents[j]
+            if parent < 0 or where[parent] < 0 or self.depths[where[parent]] >= max_depth:
+                continue
+            rank = ranks.get(parent, 0)
+            ranks[parent] = rank + 1
+            where[j] = self.propose(where[parent], tokens[j], prophet, rank)
+            deepest = max(deepest, self.depths[where[j]])
+        self.labels.setdefault(prophet, f"{prophet}:{depth_class(deepest)}")
+        return where
+
+
+def depth_class(depth: int) -> str:
+    """Bucket of a proposal's depth: ``"1-2"``, ``"3-4"``, ``"5-8"`` or ``"9+"``."""
+    return "1-2" if depth <= 2 else "3-4" if depth <= 4 else "5-8" if depth <= 8 else "9+"
+
+
+def budgeted_trees(
+    candidates: list, stats: AcceptanceStats, budget: TreeBudget, remaining: list
+) -> tuple:
+    """Keep, in every request's candidate trie, the nodes the budget chooses.
+
+    Parameters
+    ----------
+    candidates : list of CandidateTree
+        One per request.
+    stats : AcceptanceStats
+        Gives each node's P(accepted | parent accepted).
+    budget : TreeBudget
+    remaining : list of int
+        Tokens each request may still emit (nodes deeper than ``remaining - 1`` are never
+        kept, so a request's tree depends on itself only).
+
+    Returns
+    -------
+    tokens, parents : Tensor
+        ``[B, T]`` int64 stacked trees (``-2`` padding), on the CPU.
+    kept : list of list of int
+        Per request, the trie node of each tree node.
+    depths : list of int
+        Each tree's depth.
+    """
+    scored = []
+    for cand, left in zip(candidates, remaining):
+        cond = [1.0] + [
+            stats.combined({cand.label(p): r for p, r in cand.sources[j].items()},
+                           cand.depths[j]) if cand.depths[j] <= left - 1
+            else 0.0
+            for j in range(1, len(cand))
+        ]
+        scored.append((cand.parents, path_probabilities(cand.parents, cond)))
+    kept, _, _ = budget.choose(scored)
+    trees = [cand.tree(nodes) for cand, nodes in zip(candidates, kept)]
+    tokens, parents = stack_trees(trees)
+    return tokens, parents, kept, [max(t.depths) for t in trees]
+
+
+def judge(cand: CandidateTree, continuation: list, stats: AcceptanceStats) -> bool:
+    """Record, in ``stats``, every candidate node whose parent lies on the path the target
+    actually took (``continuation``: the tokens emitted after the root, as far as known); it
+    held when its token is the one emitted there. Returns whether the judgement is complete
+    (the path left the trie) or must wait for more tokens.
+
+    Nodes are judged whether or not they were verified, and at every depth the trie reaches,
+    so a prophet's statistics at depth ``d`` do not wait for the budget to keep depth ``d - 1``
+    (greedy output is deterministic, so the later tokens are exactly what verification would
+    have compared them with; when sampling, a node holds with the probability its one-hot
+    verification would accept it)."""
+    node = 0
+    for target in continuation:
+        children = cand.children(node)
+        if not children:
+            break
+        nxt = children.get(target)
+        if nxt is None:
+            break
+        node = nxt
+    else:
+        if cand.children(node):
+            return False  # the path may go on: wait for more tokens
+    node = 0
+    for target in continuation:
+        children = cand.children(node)
+        for token, child in children.items():
+            for prophet, rank in cand.sources[child].items():
+                stats.record(cand.label(prophet), cand.depths[child], rank, token == target)
+        node = children.get(target)
+        if node is None:
+            break
+    return True
+
+
+class OutcomeJudge:
+    """Per request, the candidate tries of recent steps waiting for enough emitted tokens to
+    be judged (:func:`judge`); one per drafter that keeps :class:`AcceptanceStats`."""
+
+    def __init__(self, batch: int):
+        self.pending = [[] for _ in range(batch)]
+
+    def add(self, contexts: list, previous_starts: list, candidates: list,
+            stats: AcceptanceStats) -> None:
+        """Queue this step's tries (rooted at the pending token after ``previous_starts[b]``
+        committed rows) and judge every queued one that ``contexts`` (prompt and emitted
+        tokens, ``DecodeState.contexts``) now settles."""
+        for b, cand in enumerate(candidates):
+            self.pending[b].append((cand, previous_starts[b] + 1))
+            ctx = contexts[b]
+            self.pending[b] = [
+                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
+            ]
+
+    def select_requests(self, keep: list) -> None:
+        self.pending = [self.pending[b] for b in keep]

@@ -51,6 +51,9 @@ class _KVCacheLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self._owner.capacity
 
+    # Its name before transformers 5.16 (abstract there).
+    get_max_cache_shape = get_max_length
+
 
 class KVCache(Cache):
     """Preallocated per-request KV cache for ``num_layers`` attention layers.

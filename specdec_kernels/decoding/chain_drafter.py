@@ -6,8 +6,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import step
-from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, StepOutcome
+from specdec_kernels import ops
+from specdec_kernels.decoding.drafter import (
+    CHAIN_LIMIT_REASON,
+    MAX_CHAIN_DRAFTS,
+    ChainProposal,
+    DecodeState,
+    Drafter,
+    StepOutcome,
+    check_size,
+)
 
 __all__ = ["AutoregressiveDrafter"]
 
@@ -24,7 +32,8 @@ class AutoregressiveDrafter(Drafter):
     Parameters
     ----------
     num_draft : int
-        Drafts per step ``K`` (the starting value when ``adaptive``).
+        Drafts per step ``K`` (the starting value when ``adaptive``), at most
+        :data:`~specdec_kernels.decoding.drafter.MAX_CHAIN_DRAFTS`.
     adaptive : bool
         Grow ``K`` by 2 after a step where every request accepted all its drafts, shrink it
         by 1 otherwise, within ``[min_draft, max_draft]``.
@@ -46,6 +55,9 @@ class AutoregressiveDrafter(Drafter):
         max_draft: int = 8,
         confidence_threshold: float | None = None,
     ):
+        for name, value in (("num_draft", num_draft), ("min_draft", min_draft),
+                            ("max_draft", max_draft)):
+            check_size(name, value, 1, MAX_CHAIN_DRAFTS, CHAIN_LIMIT_REASON)
         if not 1 <= min_draft <= max_draft:
             raise ValueError(f"need 1 <= min_draft <= max_draft, got {min_draft}, {max_draft}")
         if num_draft < 1 or (adaptive and not min_draft <= num_draft <= max_draft):
@@ -119,10 +131,10 @@ class AutoregressiveDrafter(Drafter):
         for i in range(k):
             offsets = state.offsets + i
             if want_probs:
-                token, q = step.sample_with_probs(logits, state.draft_params, offsets)
+                token, q = ops.sample_with_probs(logits, state.draft_params, offsets)
                 probs.append(q)
             else:
-                token = step.sample(logits, state.draft_params, offsets)
+                token = ops.sample(logits, state.draft_params, offsets)
             tokens.append(token)
             if threshold is not None:
                 top = torch.softmax(logits, -1).amax(-1)

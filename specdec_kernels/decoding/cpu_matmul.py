@@ -15,6 +15,10 @@ verification forward over K tokens yields exactly the logits that one-token deco
 Prefill forwards need no batch invariance: from some hundred rows on, torch's GEMM can be
 faster, and :class:`SmallBatchLinear` leaves linears of that many rows to it (``gemm_rows``,
 measured per machine by :mod:`~specdec_kernels.decoding.kernel_choice`).
+
+Weights at a GGUF file's precision (:class:`~specdec_kernels.models.quantized_weight.QuantizedWeight`,
+loaded by ``load_model(..., weights="file")``) go through the same doorway to
+:func:`specdec_kernels.ops.quantized_linear`, batch-invariant as well, on any device.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from specdec_kernels import ops
+from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = ["SmallBatchLinear", "supports"]
 
@@ -48,7 +53,8 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
 
 class SmallBatchLinear(TorchFunctionMode):
     """Route CPU float32 / bfloat16 ``F.linear`` calls through
-    :func:`specdec_kernels.ops.small_batch_linear`.
+    :func:`specdec_kernels.ops.small_batch_linear`, and linears on quantized weights through
+    :func:`specdec_kernels.ops.quantized_linear`.
 
     Parameters
     ----------
@@ -68,6 +74,8 @@ class SmallBatchLinear(TorchFunctionMode):
         if func is F.linear:
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if isinstance(weight, QuantizedWeight):
+                return weight.linear(x, bias)
             if supports(x, weight, bias, self.max_rows):
                 return ops.small_batch_linear(x, weight, bias)
         return func(*args, **kwargs)

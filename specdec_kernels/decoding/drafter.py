@@ -1,5 +1,5 @@
 """What every drafter sees and returns: the shared decoding state, proposals (a chain or a
-tree), the step's outcome, and the :class:`Drafter` base class.
+tree, each with its acceptance rule), the step's outcome, and the :class:`Drafter` base class.
 
 The step's doorways
 -------------------
@@ -34,16 +34,29 @@ are the accepted path, pending token first. They sit in :attr:`DecodeState.featu
 :meth:`DecodeState.last_features` gives the row whose logits produced each request's pending
 token, which is what Medusa-style heads read. Drafters that do not ask pay nothing.
 
-**Acceptance rule** (:attr:`TreeProposal.typical`). A tree proposal may ask for typical
-acceptance (lossy, Medusa) instead of the lossless rule.
+**Acceptance rule** (:attr:`Proposal.acceptance`). A proposal is a block, the same for chains
+and trees (:meth:`Proposal.block`: the tokens, pending token first, and their parents, ``-2`` on
+rows that are not verified), plus the rule that decides which drafts hold, from
+:mod:`~specdec_kernels.decoding.acceptance`:
+
+- ``LOSSLESS`` (the default): the target's greedy output, or exactly its distribution;
+- ``Typical(posterior_threshold, posterior_alpha)``: Medusa's typical acceptance, lossy when
+  sampling (draft distributions unused);
+- ``GREEDY``: the target's argmax whatever a request's temperature, lossy when sampling.
+
+The engine hands the target's logits over the block to :meth:`Proposal.verify`, which calls
+the rule for its shape (chain or tree); the rule makes the op call and answers with a
+``Verdict`` (the accepted path's block rows, the emitted tokens, the accepted count) that the
+engine commits the same way whatever the rule and the shape. A new rule is a subclass of
+``AcceptanceRule`` with a method per shape.
 
 **A cost model** (:mod:`~specdec_kernels.decoding.cost`, :mod:`~specdec_kernels.decoding.budget`).
 The device's measured step cost ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`) and
 running acceptance statistics by prophet, depth and rank
 (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`) let a drafter size its tree each
 step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that maximise
-expected tokens per unit of step cost (retrieval and merged prophets use it; Medusa derives its
-static tree from the same curve).
+expected tokens per unit of step cost (retrieval and merged prophets use it each step; Medusa's
+static tree is the same budget applied once to its rank-path tree).
 
 **Drafter statistics** (:meth:`Drafter.report`). Whatever a drafter measured about itself
 (e.g. per-prophet figures of a merged drafter) is returned by :meth:`Drafter.report` at the end
@@ -55,14 +68,65 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
+
+from specdec_kernels.decoding.acceptance import LOSSLESS, AcceptanceRule, Verdict
+from specdec_kernels.tree import PAD_PARENT
 
 if TYPE_CHECKING:
     from specdec_kernels.decoding.cache import KVCache
     from specdec_kernels.decoding.runner import ModelRunner
-    from specdec_kernels.decoding.step import SamplingParams
+    from specdec_kernels.sampling import SamplingParams
 
-__all__ = ["ChainProposal", "DecodeState", "Drafter", "ExtraRows", "StepOutcome", "TreeProposal"]
+__all__ = [
+    "MAX_BLOCK_WIDTH",
+    "MAX_CHAIN_DRAFTS",
+    "ChainProposal",
+    "DecodeState",
+    "Drafter",
+    "ExtraRows",
+    "Proposal",
+    "StepOutcome",
+    "TreeProposal",
+    "check_size",
+]
+
+#: The widest block (pending token included) one verification forward may hold, whatever
+#: the drafter. Verifying is one target forward over the block, and past a few dozen tokens
+#: its cost grows with the width (the shipped CPU curve: 128 tokens cost 5.8 one-token steps),
+#: while the published methods verify at most ~120 per step (Medusa 64 nodes, EAGLE-2 60,
+#: lookahead's 7B GPU setting 120). Checked before anything is allocated.
+MAX_BLOCK_WIDTH = 256
+
+#: The most tokens a chain drafter that runs a model per token (a draft model, the target's
+#: first layers, its int8 copy) drafts in one step: each is a forward, and all K are
+#: accepted with probability a**K; at K = 64 even a draft that agrees 95% of the time gets
+#: its whole chain accepted 4% of the time.
+MAX_CHAIN_DRAFTS = 64
+
+
+def check_size(name: str, value, low: int, high: int, why: str = "") -> int:
+    """``value`` when it is an int in ``[low, high]``; otherwise a ``ValueError`` that names
+    ``name``, the limits and, for the upper one, ``why``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}" + (f" ({why})" if why else ""))
+    return value
+
+
+#: The reason given when a drafter's options make its block wider than MAX_BLOCK_WIDTH.
+BLOCK_LIMIT_REASON = (
+    f"a verification block holds at most MAX_BLOCK_WIDTH = {MAX_BLOCK_WIDTH} tokens: past a "
+    "few dozen, verifying costs more than the drafts can save"
+)
+CHAIN_LIMIT_REASON = (
+    f"MAX_CHAIN_DRAFTS = {MAX_CHAIN_DRAFTS}: every draft token is one draft forward per step "
+    "and a long chain is almost never accepted whole"
+)
 
 
 @dataclass
@@ -159,14 +223,42 @@ class ExtraRows:
         return self.tokens.shape[1]
 
 
+class Proposal:
+    """What :meth:`Drafter.propose` returns: a block of drafts rooted at each request's pending
+    token, as a chain (:class:`ChainProposal`) or a tree (:class:`TreeProposal`), with the rule
+    that verifies it (see the module notes).
+
+    Attributes
+    ----------
+    depths : list of int
+        Depth of each request's drafts on the host (for statistics).
+    probs : Tensor, optional
+        The distributions the drafts were sampled from (``None``: deterministic, one-hot q).
+    extra : ExtraRows, optional
+        Rows run in the same forward after the block, never verified.
+    acceptance : AcceptanceRule
+        How the target's logits decide which drafts hold (``LOSSLESS`` by default).
+    """
+
+    def block(self, pending: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, T]`` int64 tokens (node 0: the pending token) and parents (``-1`` at the root,
+        ``-2`` on rows that are not verified) of the block the target runs."""
+        raise NotImplementedError
+
+    def verify(self, logits: Tensor, params: "SamplingParams", offsets: Tensor) -> Verdict:
+        """The acceptance rule's verdict from the target's ``[B, T, V]`` logits over the block
+        (row ``j`` predicts the token after block row ``j``)."""
+        raise NotImplementedError
+
+
 @dataclass
-class ChainProposal:
+class ChainProposal(Proposal):
     """``K`` drafted tokens per request, to follow the pending token.
 
     Attributes
     ----------
     tokens : Tensor
-        ``[B, K]`` int64 drafts (columns past ``num_draft[b]`` are ignored).
+        ``[B, K]`` int64 drafts (columns past ``num_draft[b]`` are run but not verified).
     num_draft : Tensor
         ``[B]`` int64 valid drafts per request.
     depths : list of int
@@ -176,6 +268,8 @@ class ChainProposal:
         drafter is deterministic, one-hot q).
     extra : ExtraRows, optional
         Rows run in the same forward after the chain's ``K + 1``, never verified.
+    acceptance : AcceptanceRule
+        See :class:`Proposal`.
     """
 
     tokens: Tensor
@@ -183,14 +277,26 @@ class ChainProposal:
     depths: list
     probs: Tensor | None = None
     extra: ExtraRows | None = None
+    acceptance: AcceptanceRule = LOSSLESS
 
     @property
     def width(self) -> int:
         return self.tokens.shape[1] + 1
 
+    def block(self, pending: Tensor) -> tuple[Tensor, Tensor]:
+        tokens = torch.cat([pending[:, None], self.tokens], 1)
+        rows = torch.arange(tokens.shape[1], device=tokens.device)
+        parents = torch.where(rows[None, :] <= self.num_draft[:, None], rows - 1, PAD_PARENT)
+        return tokens, parents
+
+    def verify(self, logits: Tensor, params: "SamplingParams", offsets: Tensor) -> Verdict:
+        return self.acceptance.verify_chain(
+            self.tokens, self.num_draft, logits, self.probs, params, offsets
+        )
+
 
 @dataclass
-class TreeProposal:
+class TreeProposal(Proposal):
     """A tree of drafts per request, rooted at the pending token.
 
     Attributes
@@ -205,10 +311,8 @@ class TreeProposal:
         ``[B, T, V]`` distribution each node was drafted from (``None``: deterministic).
     extra : ExtraRows, optional
         Rows run in the same forward after the tree's ``T`` nodes, never verified.
-    typical : tuple of float, optional
-        ``(posterior_threshold, posterior_alpha)``: verify with typical acceptance
-        (:func:`specdec_kernels.ops.typical_verify_tree`; LOSSY when sampling, the target's
-        greedy output when greedy) instead of the lossless rule; ``probs`` is then unused.
+    acceptance : AcceptanceRule
+        See :class:`Proposal`.
     """
 
     tokens: Tensor
@@ -216,11 +320,19 @@ class TreeProposal:
     depths: list
     probs: Tensor | None = None
     extra: ExtraRows | None = None
-    typical: tuple | None = None
+    acceptance: AcceptanceRule = LOSSLESS
 
     @property
     def width(self) -> int:
         return self.tokens.shape[1]
+
+    def block(self, pending: Tensor) -> tuple[Tensor, Tensor]:
+        return self.tokens, self.parents
+
+    def verify(self, logits: Tensor, params: "SamplingParams", offsets: Tensor) -> Verdict:
+        return self.acceptance.verify_tree(
+            self.tokens, self.parents, logits, self.probs, params, offsets
+        )
 
 
 @dataclass
@@ -278,7 +390,7 @@ class Drafter:
     def start(self, state: DecodeState) -> None:
         """Called once after the target's prefill."""
 
-    def propose(self, state: DecodeState) -> ChainProposal | TreeProposal:
+    def propose(self, state: DecodeState) -> Proposal:
         """Drafts for every running request."""
         raise NotImplementedError
 

@@ -1,9 +1,9 @@
 """The decoding loop: prefill, then one shared step until every request stops.
 
-Each step: the drafter proposes (a chain or a tree) -> the target verifies the whole block in
-one forward -> the verification op decides -> the KV op commits the accepted path -> tokens
-are emitted. Methods differ only in the drafter. The step reads the device once, to learn
-what was accepted.
+Each step: the drafter proposes (a chain or a tree) -> the target runs the whole block in one
+forward -> the proposal's acceptance rule decides (one verification op) -> the KV op commits
+the accepted path -> tokens are emitted. Methods differ only in the drafter. The step reads
+the device once, to learn what was accepted.
 
 Callers can watch a run through one callback, ``on_emit(request, tokens, finished)`` (see
 :meth:`Engine.start`): it receives each request's new tokens after every step, already cut at
@@ -27,18 +27,21 @@ from typing import Callable
 
 import torch
 
-from specdec_kernels.decoding import step
+from specdec_kernels import ops
+from specdec_kernels.decoding.acceptance import Verdict
 from specdec_kernels.decoding.drafter import (
-    ChainProposal,
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     DecodeState,
     Drafter,
     NoDrafter,
+    Proposal,
     StepOutcome,
-    TreeProposal,
 )
 from specdec_kernels.decoding.runner import FEATURE_KINDS, ModelRunner
 from specdec_kernels.decoding.stats import RequestStats, RunStats
-from specdec_kernels.ops import build_tree_masks
+from specdec_kernels.sampling import SamplingParams
+from specdec_kernels.tree import PAD_PARENT
 
 __all__ = ["Engine", "EngineOutput", "Generation", "StopCriteria"]
 
@@ -158,11 +161,17 @@ class Engine:
                 )
             self.runner.decoder_parts()  # the final norm must be reachable
         self.drafter.bind(self.runner, tokenizer)
+        width = self.drafter.max_block_width()
+        if width > MAX_BLOCK_WIDTH:  # before the cache is sized by it
+            raise ValueError(
+                f"drafter {self.drafter.name!r} asks for blocks of {width} tokens; "
+                f"{BLOCK_LIMIT_REASON}"
+            )
 
     def run(
         self,
         prompts: list,
-        params: step.SamplingParams,
+        params: SamplingParams,
         stop: StopCriteria,
         on_emit: "Callable[[int, list, bool], None] | None" = None,
         *,
@@ -196,7 +205,7 @@ class Engine:
     def start(
         self,
         prompts: list,
-        params: step.SamplingParams,
+        params: SamplingParams,
         stop: StopCriteria,
         on_emit: "Callable[[int, list, bool], None] | None" = None,
         *,
@@ -236,7 +245,7 @@ class Engine:
             params=params,
             draft_params=_draft_params(params),
             offsets=torch.zeros(batch, dtype=torch.int64, device=device),
-            greedy=step.all_greedy(params),
+            greedy=bool((params.temperature <= 0).all()),  # one device read per run
             remaining=list(stop.max_new_tokens),
         )
         if features is not None:
@@ -262,6 +271,8 @@ class Engine:
         state, stop, stats = gen.state, gen.stop, gen.stats
         t0 = time.perf_counter()
         proposal = self.drafter.propose(state)
+        if not isinstance(proposal, Proposal):
+            raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
         t1 = time.perf_counter()
         eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
         num_accepted, emitted, logits, proposal_width = self._verify_and_commit(
@@ -309,80 +320,58 @@ class Engine:
         self.runner.release()
         return EngineOutput(gen.outputs, gen.reasons, gen.stats)
 
-    def _verify_and_commit(self, state: DecodeState, proposal, eos_blocked=None, eos_ids=()):
-        """Target forward over the block, verification, KV commit; one device read.
+    def _verify_and_commit(self, state: DecodeState, proposal: Proposal, eos_blocked=None,
+                           eos_ids=()):
+        """Target forward over the block, the proposal's acceptance rule, KV commit; one device
+        read.
 
         ``eos_blocked[b]``: the block rows of request ``b`` at depth below it get the EOS ids
         masked out of the target logits (``min_new_tokens``); ``None`` when no row needs it.
         Returns the accepted counts and emitted tokens per request, the block's logits and
         the width of its verified part (extra rows follow it)."""
-        runner, cache = self.runner, state.cache
-        want = self.features is not None
-        if isinstance(proposal, ChainProposal):
-            block, parents = torch.cat([state.pending[:, None], proposal.tokens], 1), None
-        elif isinstance(proposal, TreeProposal):
-            block, parents = proposal.tokens, proposal.parents
-        else:
-            raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
-        width, extra = block.shape[1], proposal.extra
-        if extra is not None:  # rows run with the block, never verified (drafter.ExtraRows)
-            block = torch.cat([block, extra.tokens], 1)
-        out = runner.forward(cache, block, cache.host_lens, parents, extra=extra, features=want)
-        logits, hidden = out if want else (out, None)
+        tokens, parents = proposal.block(state.pending)
+        width, extra = tokens.shape[1], proposal.extra
+        logits, hidden = self._forward(state, tokens, parents, extra)
         verified = logits if extra is None else logits[:, :width].contiguous()
         if eos_blocked is not None and eos_ids:
-            if parents is None:
-                depth = torch.arange(width, device=block.device).expand(block.shape[0], width)
-            else:
-                depth = build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
+            depth = ops.build_tree_masks(parents, torch.zeros_like(parents[:, 0])).depth
             verified = _mask_eos(verified, depth, eos_blocked, eos_ids)
-        typical = getattr(proposal, "typical", None)  # TreeProposal.typical: lossy, Medusa's
         # Error checks wait for the step's one sync (below) instead of adding one.
-        with step.deferred_errors():
-            if typical is not None:
-                nodes, tokens, num_accepted = step.typical_verify_tree(
-                    proposal.tokens, parents, verified, state.params, state.offsets, *typical
-                )
-            elif parents is None:
-                # K = 0 (plain decoding) goes through the same op: one random stream per method.
-                tokens, num_accepted = step.verify_chain(
-                    proposal.tokens,
-                    proposal.num_draft,
-                    verified,
-                    proposal.probs,
-                    state.params,
-                    state.offsets,
-                )
-            else:
-                nodes, tokens, num_accepted = step.verify_tree(
-                    proposal.tokens, parents, verified, proposal.probs, state.params,
-                    state.offsets,
-                )
-        if parents is None:
-            rows = torch.arange(width, device=block.device).expand(block.shape[0], width)
-            used = proposal.num_draft + 1
-        else:
-            rows = torch.cat([torch.zeros_like(nodes[:, :1]), nodes[:, :-1]], 1)
-            used = (parents != -2).sum(1)
+        with ops.deferred_errors():
+            verdict = proposal.verify(verified, state.params, state.offsets)
+        self._commit(state, verdict, hidden)
+        # Each request's random streams move past every position its verification could use.
+        used = (parents != PAD_PARENT).sum(1)
         if extra is not None:
             used = used + (extra.positions >= 0).sum(1)
+        state.offsets = state.offsets + used
+        host = torch.cat([verdict.num_accepted[:, None], verdict.tokens], 1).tolist()  # the sync
+        ops.raise_deferred_errors()  # the verification's error codes landed by that sync
+        accepted = [row[0] for row in host]
+        emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
+        return accepted, emitted, logits, width
 
-        counts = num_accepted + 1
+    def _forward(self, state: DecodeState, tokens, parents, extra):
+        """The target's logits over the block then its extra rows (run with the block, never
+        verified: drafter.ExtraRows), and the final-norm features when the drafter asks."""
+        if extra is not None:
+            tokens = torch.cat([tokens, extra.tokens], 1)
+        want = self.features is not None
+        out = self.runner.forward(state.cache, tokens, state.cache.host_lens, parents,
+                                  extra=extra, features=want)
+        return out if want else (out, None)
+
+    def _commit(self, state: DecodeState, verdict: Verdict, hidden) -> None:
+        """Keep the accepted path's K/V (and features), make each next token pending."""
+        rows, counts = verdict.rows, verdict.num_accepted + 1
         keep = torch.arange(rows.shape[1], device=rows.device)[None, :] < counts[:, None]
-        positions = torch.where(keep, cache.lens[:, None] + rows, torch.full_like(rows, -1))
-        cache.compact(positions, counts)
+        positions = torch.where(keep, state.cache.lens[:, None] + rows, torch.full_like(rows, -1))
+        state.cache.compact(positions, counts)
         if hidden is not None:  # the accepted rows' features, in path order (device only)
             index = rows.clamp(min=0)[..., None].expand(-1, -1, hidden.shape[-1])
             state.features = hidden.gather(1, index)
             state.feature_counts = counts
-        state.pending = tokens.gather(1, num_accepted[:, None]).squeeze(1)
-        # Each request's random streams move past every position its verification could use.
-        state.offsets = state.offsets + used
-        host = torch.cat([num_accepted[:, None], tokens], 1).tolist()  # the step's one sync
-        step.raise_deferred_errors()  # the verification's error codes landed by that sync
-        accepted = [row[0] for row in host]
-        emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
-        return accepted, emitted, logits, width
+        state.pending = verdict.tokens.gather(1, verdict.num_accepted[:, None]).squeeze(1)
 
     def _select(self, state: DecodeState, keep_rows: list) -> None:
         index = torch.tensor(keep_rows, dtype=torch.int64, device=state.pending.device)
@@ -391,8 +380,8 @@ class Engine:
         state.remaining = [state.remaining[b] for b in keep_rows]
         state.pending = state.pending.index_select(0, index)
         state.offsets = state.offsets.index_select(0, index)
-        state.params = step.select_params(state.params, index)
-        state.draft_params = step.select_params(state.draft_params, index)
+        state.params = state.params.select(index)
+        state.draft_params = state.draft_params.select(index)
         if state.features is not None:
             state.features = state.features.index_select(0, index)
             state.feature_counts = state.feature_counts.index_select(0, index)
@@ -410,6 +399,6 @@ def _mask_eos(logits, depth, eos_blocked: list, eos_ids) -> torch.Tensor:
     return logits.index_copy(2, eos, masked)
 
 
-def _draft_params(params: step.SamplingParams) -> step.SamplingParams:
+def _draft_params(params: SamplingParams) -> SamplingParams:
     """The target's sampling parameters with seeds for an independent random stream."""
     return dataclasses.replace(params, seed=params.seed ^ _DRAFT_SEED_SALT)

@@ -11,8 +11,9 @@ least :attr:`KernelChoice.prefill_gemm_rows` rows go to torch.
 
 Both are decided by :func:`measure_linears`, a quick check (well under a second for the default
 model) of the model's own weight shapes along both paths, run once per machine, thread count
-and shape set and kept by :mod:`specdec_kernels.machine`. ``SPECDEC_CPU_KERNELS=package`` or
-``torch`` fixes the choice instead (``auto``, the default, measures).
+and shape set and kept by :mod:`~specdec_kernels.decoding.machine_cache`.
+``SPECDEC_CPU_KERNELS=package`` or ``torch`` fixes the choice instead (``auto``, the default,
+measures).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec_kernels import machine, ops
+from specdec_kernels import ops
+from specdec_kernels.decoding import machine_cache
+from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = ["KernelChoice", "choose", "decide", "linear_weights", "measure_linears"]
 
@@ -81,11 +84,15 @@ class KernelChoice:
 
 
 def linear_weights(model) -> list:
-    """The model's CPU float32 / bfloat16 linear weights in module order (tied ones once)."""
+    """The model's CPU float32 / bfloat16 linear weights in module order (tied ones once);
+    weights at a file's precision (:class:`QuantizedWeight`) have only the package's kernel
+    and are left out."""
     seen, found = set(), []
     for module in model.modules():
         weight = getattr(module, "weight", None)
         if not isinstance(module, torch.nn.Linear) or not isinstance(weight, torch.Tensor):
+            continue
+        if isinstance(weight, QuantizedWeight):
             continue
         if weight.device.type != "cpu" or weight.dim() != 2 or weight.dtype not in (
             torch.float32, torch.bfloat16
@@ -208,9 +215,8 @@ def choose(model, requested: bool | None = None) -> KernelChoice:
         return KernelChoice(False, None, why, isa)
     weights = linear_weights(model)
     if not weights:
-        return KernelChoice(requested is True or setting == "package", None,
-                            "no float32/bfloat16 linears to measure", isa)
-    times = machine.measured("linear_paths", _shape_key(weights), lambda: measure_linears(weights))
+        return KernelChoice(True, None, "no float32/bfloat16 linears to measure", isa)
+    times = machine_cache.measured("linear_paths", _shape_key(weights), lambda: measure_linears(weights))
     package, gemm_rows = decide(times)
     decode = {rows: round(t["torch"] / t["package"], 2) for rows, t in times["decode"].items()}
     measured = f"measured on {isa}: torch / package time at decoding rows {decode}"

@@ -39,15 +39,18 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
-from specdec_kernels.decoding import step
 from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     ChainProposal,
     DecodeState,
     Drafter,
     ExtraRows,
     StepOutcome,
     TreeProposal,
+    check_size,
 )
+from specdec_kernels.tree import stack_trees, tree_from_sequences
 
 __all__ = ["DEFAULTS", "JacobiDrafter", "LookaheadDrafter", "NgramPool"]
 
@@ -120,7 +123,7 @@ def _draw(logits: Tensor, state: DecodeState) -> list:
     else:
         offsets = state.offsets[:, None] + torch.arange(columns, device=logits.device)
         params = state.draft_params.repeat_interleave(columns)
-        tokens = step.sample(flat, params, offsets.reshape(-1))
+        tokens = ops.sample(flat, params, offsets.reshape(-1))
     return tokens.view(batch, columns).tolist()
 
 
@@ -172,6 +175,12 @@ class LookaheadDrafter(Drafter):
         settings = {k: defaults[k] if v is None else v for k, v in self._given.items()}
         self.window, self.ngram = settings["window"], settings["ngram"]
         self.max_candidates = settings["max_candidates"]
+        if self.max_block_width() > MAX_BLOCK_WIDTH:
+            raise ValueError(
+                f"window={self.window}, ngram={self.ngram}, max_candidates="
+                f"{self.max_candidates} make blocks of (window + max_candidates) * (ngram - 1)"
+                f" = {self.max_block_width()} tokens; {BLOCK_LIMIT_REASON}"
+            )
 
     def bind(self, runner, tokenizer) -> None:
         self._use_defaults(runner.device.type)
@@ -232,14 +241,14 @@ class LookaheadDrafter(Drafter):
             sequences = []
             if limit > 0:
                 sequences = [c[:limit] for c in request["pool"].candidates(root)]
-            trees.append(step.tree_from_sequences(
+            trees.append(tree_from_sequences(
                 sequences, root, max_nodes=1 + self.max_candidates * depth, max_depth=depth
             ))
             depths.append(max((len(s) for s in sequences), default=0))
             levels = request["levels"]
             window_tokens.append(levels[0][1:] + [t for level in levels[1:] for t in level])
         device = state.pending.device
-        tokens, parents = step.stack_trees(trees)
+        tokens, parents = stack_trees(trees)
         tokens = tokens.to(device, non_blocking=True)
         parents = parents.to(device, non_blocking=True)
         extra = None
@@ -307,9 +316,8 @@ class JacobiDrafter(Drafter):
     name = "jacobi"
 
     def __init__(self, num_guesses: int = 4):
-        if isinstance(num_guesses, bool) or not isinstance(num_guesses, int) or num_guesses < 1:
-            raise ValueError(f"num_guesses must be an int >= 1, got {num_guesses!r}")
-        self.num_guesses = num_guesses
+        self.num_guesses = check_size("num_guesses", num_guesses, 1, MAX_BLOCK_WIDTH - 1,
+                                      BLOCK_LIMIT_REASON)
         self._guesses: list = []
         self._fills: list = []
 

@@ -15,7 +15,8 @@ block rooted at the pending token.
 The tree (and the blockwise chain length) is derived, not copied: :func:`choose_tree` takes
 each head's rank accuracy (measured on held-out data at training time and saved with the
 heads) and the step-cost curve ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`),
-and keeps the tree that maximises expected tokens per unit of step cost.
+and keeps, through the cost-model budget (:mod:`~specdec_kernels.decoding.budget`), the tree
+that maximises expected tokens per unit of step cost.
 """
 
 from __future__ import annotations
@@ -27,15 +28,25 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import step
+from specdec_kernels import ops
+from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
+from specdec_kernels.decoding.budget import TreeBudget, path_probabilities
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.decoding.drafter import ChainProposal, DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    ChainProposal,
+    DecodeState,
+    Drafter,
+    TreeProposal,
+    check_size,
+)
+from specdec_kernels.tree import Tree, tree_from_choices
 
 __all__ = [
     "DEFAULT_HEADS",
     "BlockwiseDrafter",
     "MedusaDrafter",
-    "TreeChoice",
     "choose_tree",
     "default_heads_path",
     "expected_tokens",
@@ -67,62 +78,6 @@ def load_default_heads():
 # ---------------------------------------------------------------------------- tree choice
 
 
-class TreeChoice:
-    """A static tree: ``choices`` are rank paths (``(0,)``: head 0's top guess; ``(0, 1)``:
-    head 1's second guess after it), in breadth-first order, every prefix present.
-
-    Attributes
-    ----------
-    choices : list of tuple of int
-    parents : list of int
-        Parent node of every node (node 0, the pending token, has ``-1``).
-    depths, ranks : list of int
-        Depth (1 = head 0) and rank of every non-root node, index ``j - 1`` for node ``j``.
-    expected : float
-        Expected tokens per step (accepted drafts + 1) under the accuracies it was chosen by.
-    cost_ms : float
-        Step cost used for the choice (``c(T)`` + heads), 0 when not derived.
-    """
-
-    def __init__(self, choices, expected: float = 0.0, cost_ms: float = 0.0):
-        choices = sorted({tuple(int(r) for r in c) for c in choices}, key=lambda c: (len(c), c))
-        index = {c: j + 1 for j, c in enumerate(choices)}
-        self.parents = [-1]
-        for c in choices:
-            if not c or min(c) < 0:
-                raise ValueError(f"tree choices must be non-empty rank paths, got {c}")
-            if len(c) > 1 and c[:-1] not in index:
-                raise ValueError(f"tree choice {c} lacks its parent {c[:-1]}")
-            self.parents.append(index[c[:-1]] if len(c) > 1 else 0)
-        self.choices = choices
-        self.depths = [len(c) for c in choices]
-        self.ranks = [c[-1] for c in choices]
-        self.expected = expected
-        self.cost_ms = cost_ms
-
-    @property
-    def size(self) -> int:
-        """Nodes including the root (the verified block's width)."""
-        return len(self.choices) + 1
-
-    @property
-    def depth(self) -> int:
-        return max(self.depths, default=0)
-
-    @property
-    def top_k(self) -> int:
-        return max(self.ranks, default=-1) + 1
-
-    def to_dict(self) -> dict:
-        return {
-            "nodes": self.size,
-            "depth": self.depth,
-            "choices": [list(c) for c in self.choices],
-            "expected_tokens_per_step": round(self.expected, 4),
-            "step_cost_ms": round(self.cost_ms, 3),
-        }
-
-
 def expected_tokens(choices, rank_accuracy) -> float:
     """Expected tokens per step of a tree: 1 (the target's own token) plus, for every node,
     the probability that its whole path is right, taking heads as independent with
@@ -144,13 +99,11 @@ def choose_tree(
     head_cost_ms: float = 0.0,
     max_nodes: int = 64,
     chain: bool = False,
-) -> TreeChoice:
-    """The static tree that maximises expected tokens per unit of step cost.
-
-    For every size ``n`` the best tree of ``n`` drafted nodes under independent heads is
-    found greedily (a node's path probability never exceeds its parent's, so taking the most
-    probable frontier node first is optimal); the size kept maximises
-    ``expected_tokens(n) / (c(n + 1) + head_cost_ms)``.
+) -> tuple[Tree, float, float]:
+    """The static tree that maximises expected tokens per unit of step cost: the cost-model
+    budget (:class:`~specdec_kernels.decoding.budget.TreeBudget`) applied once to the heads'
+    rank-path tree, with heads taken as independent (a node's chance is the product of its
+    ranks' accuracies along its path).
 
     Parameters
     ----------
@@ -167,38 +120,76 @@ def choose_tree(
 
     Returns
     -------
-    TreeChoice
+    tree : Tree
+        With ranks (its rank paths are :attr:`~specdec_kernels.tree.Tree.choices`), nodes in
+        Medusa's (depth, path) order.
+    expected : float
+        Expected tokens per step (accepted drafts + 1) under ``rank_accuracy``.
+    cost_ms : float
+        The step's cost ``c(T) + head_cost_ms``.
     """
-    acc = [list(map(float, row)) for row in rank_accuracy]
+    accuracy = [list(map(float, row)) for row in rank_accuracy]
     if chain:
-        acc = [row[:1] for row in acc]
-    heads = len(acc)
+        accuracy = [row[:1] for row in accuracy]
+    candidates = tree_from_choices(_likely_rank_paths(accuracy, max_nodes))
+    nodes = zip(candidates.depths[1:], candidates.ranks[1:])
+    cond = [1.0] + [accuracy[depth - 1][rank] for depth, rank in nodes]
+    budget = TreeBudget(step_cost, max_nodes=max_nodes, overhead_ms=head_cost_ms)
+    scored = (candidates.parents, path_probabilities(candidates.parents, cond))
+    (kept,), expected, cost = budget.choose([scored])
+    choices = candidates.choices
+    return tree_from_choices([choices[j - 1] for j in kept[1:]]), expected, cost
+
+
+def _likely_rank_paths(accuracy: list, count: int) -> list:
+    """The ``count`` rank paths most likely to be right, the rank-path tree cut to what the
+    budget may keep: a path is never likelier than its prefix, so they form a tree. Ties go as
+    in :meth:`TreeBudget.order` (shallower first, then by path)."""
+    paths: list = []
     frontier: list = []
 
-    def push(path, p):
-        depth = len(path)
-        if depth < heads:
-            for r, a in enumerate(acc[depth]):
+    def push(path: tuple, p: float) -> None:
+        if len(path) < len(accuracy):
+            for r, a in enumerate(accuracy[len(path)]):
                 if a > 0:
-                    heapq.heappush(frontier, (-(p * a), path + (r,)))
+                    heapq.heappush(frontier, (-(p * a), len(path) + 1, path + (r,)))
 
     push((), 1.0)
-    chosen: list = []
-    expected = 1.0
-    best = (1.0 / (step_cost(1) + head_cost_ms), 0, 1.0, step_cost(1) + head_cost_ms)
-    while frontier and len(chosen) < max_nodes:
-        neg, path = heapq.heappop(frontier)
-        chosen.append(path)
-        expected += -neg
+    while frontier and len(paths) < count:
+        neg, _, path = heapq.heappop(frontier)
+        paths.append(path)
         push(path, -neg)
-        cost = step_cost(len(chosen) + 1) + head_cost_ms
-        if expected / cost > best[0]:
-            best = (expected / cost, len(chosen), expected, cost)
-    _, size, exp, cost = best
-    return TreeChoice(chosen[:size], exp, cost)
+    return paths
 
 
 # ---------------------------------------------------------------------------- drafters
+
+
+def _as_heads(heads):
+    """``MedusaHeads`` from heads, a folder, or ``None`` (the shipped heads)."""
+    from specdec_kernels.medusa.heads import MedusaHeads, load_heads
+
+    if heads is None:
+        heads = load_default_heads()
+    elif isinstance(heads, (str, Path)):
+        heads = load_heads(heads)
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
+    return heads
+
+
+def _given_tree(tree, heads) -> Tree:
+    """A tree given by the caller (rank paths or a :class:`Tree` with ranks), checked against
+    the block limit and the heads before anything is built on it."""
+    if not isinstance(tree, Tree):
+        tree = tree_from_choices(tree)
+    elif tree.ranks is None:
+        raise ValueError("tree: a Medusa tree has ranks (build it with tree_from_choices)")
+    if len(tree) > MAX_BLOCK_WIDTH:
+        raise ValueError(f"the tree has {len(tree)} nodes; {BLOCK_LIMIT_REASON}")
+    if tree.depth > heads.num_heads:
+        raise ValueError(f"the tree is {tree.depth} deep; the heads guess {heads.num_heads}")
+    return tree
 
 
 class _HeadsDrafter(Drafter):
@@ -207,21 +198,16 @@ class _HeadsDrafter(Drafter):
     target_features = "final_norm"
 
     def __init__(self, heads=None, *, tree=None, cost_curve=None, max_nodes: int = 64):
-        from specdec_kernels.medusa.heads import MedusaHeads, load_heads
-
-        if heads is None:
-            heads = load_default_heads()
-        elif isinstance(heads, (str, Path)):
-            heads = load_heads(heads)
-        if not isinstance(heads, MedusaHeads):
-            raise ValueError(f"heads must be MedusaHeads, a folder or None, got {type(heads)}")
-        if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        heads = _as_heads(heads)
+        check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
+        if tree is not None:
+            tree = _given_tree(tree, heads)
         self.heads = heads.eval()
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
         self._given_tree = tree
-        self.tree: TreeChoice | None = None
+        self.tree: Tree | None = None
+        self._expected, self._cost_ms = 0.0, 0.0  # what a derived tree was chosen by
         self._lm_head = None
         self._head_fraction = 0.0
 
@@ -240,7 +226,11 @@ class _HeadsDrafter(Drafter):
         if self.heads.projection == "shared":
             heads += self.heads.num_heads * self.heads.hidden_size * self.heads.output_size
         embed = runner.model.get_input_embeddings().weight.numel()
-        target = sum(p.numel() for p in runner.model.parameters()) - embed
+        # Weights at a GGUF file's precision are buffers (QuantizedWeight), not parameters.
+        from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+        quantized = sum(b.numel() for b in runner.model.buffers() if isinstance(b, QuantizedWeight))
+        target = sum(p.numel() for p in runner.model.parameters()) + quantized - embed
         if runner.model.get_output_embeddings().weight is runner.model.get_input_embeddings().weight:
             target += embed  # tied: the LM head reads the embedding matrix
         return heads / max(target, 1)
@@ -251,35 +241,35 @@ class _HeadsDrafter(Drafter):
         self.heads.to(device=runner.device, dtype=runner.dtype)
         _, _, self._lm_head = runner.decoder_parts()
         self._head_fraction = self.head_cost_fraction(runner)
-        if self._given_tree is not None:
-            tree = self._given_tree
-            self.tree = tree if isinstance(tree, TreeChoice) else TreeChoice(tree)
-        else:
+        tree = self._given_tree
+        if tree is None:  # derived: no deeper than the heads guess (one accuracy row each)
             curve = StepCost.load(self.cost_curve)
-            self.tree = choose_tree(
+            tree, self._expected, self._cost_ms = choose_tree(
                 self.rank_accuracy(), curve, head_cost_ms=curve(1) * self._head_fraction,
                 max_nodes=self.max_nodes, chain=self._chain,
             )
-        if self.tree.depth > self.heads.num_heads:
-            raise ValueError(
-                f"the tree is {self.tree.depth} deep; the heads guess {self.heads.num_heads}"
-            )
-        device = runner.device
-        index = dict(dtype=torch.int64, device=device)
-        self._depth_index = torch.tensor([d - 1 for d in self.tree.depths], **index)
-        self._rank_index = torch.tensor(self.tree.ranks, **index)
-        self._depths = torch.tensor([0] + self.tree.depths, **index)
-        self._parents = torch.tensor(self.tree.parents, **index)
+        self.tree = tree
+        index = dict(dtype=torch.int64, device=runner.device)
+        self._depth_index = torch.tensor([d - 1 for d in tree.depths[1:]], **index)
+        self._rank_index = torch.tensor(tree.ranks[1:], **index)
+        self._depths = torch.tensor(tree.depths, **index)
+        self._parents = torch.tensor(tree.parents, **index)
 
     def max_block_width(self) -> int:
-        return self.tree.size if self.tree is not None else self.max_nodes + 1
+        return len(self.tree) if self.tree is not None else self.max_nodes + 1
 
     def describe(self) -> dict:
         out = {"name": self.name, "heads": self.heads.num_heads,
                "projection": self.heads.projection,
                "draft_vocab": self.heads.output_size}
         if self.tree is not None:
-            out["tree"] = self.tree.to_dict()
+            out["tree"] = {
+                "nodes": len(self.tree),
+                "depth": self.tree.depth,
+                "choices": [list(c) for c in self.tree.choices],
+                "expected_tokens_per_step": round(self._expected, 4),
+                "step_cost_ms": round(self._cost_ms, 3),
+            }
             out["head_cost_fraction"] = round(self._head_fraction, 5)
         return out
 
@@ -318,7 +308,7 @@ class MedusaDrafter(_HeadsDrafter):
     heads : MedusaHeads, str, Path or None
         The heads, a folder to load them from (this package's format or FasterDecoding's),
         or ``None`` for the heads shipped for the default model.
-    tree : list of tuple of int or TreeChoice, optional
+    tree : list of tuple of int or Tree, optional
         A fixed tree of rank paths; by default derived by :func:`choose_tree` from the heads'
         rank accuracies and ``cost_curve``.
     cost_curve : str, Path, dict or StepCost, optional
@@ -361,29 +351,32 @@ class MedusaDrafter(_HeadsDrafter):
                 f"{posterior_threshold}, {posterior_alpha}"
             )
         self.acceptance = acceptance
-        self.typical = (float(posterior_threshold), float(posterior_alpha))
+        self.rule = LOSSLESS
+        if acceptance == "typical":
+            self.rule = Typical(float(posterior_threshold), float(posterior_alpha))
 
     def describe(self) -> dict:
         out = super().describe()
         out["acceptance"] = self.acceptance
         if self.acceptance == "typical":
-            out["posterior_threshold"], out["posterior_alpha"] = self.typical
+            out["posterior_threshold"] = self.rule.posterior_threshold
+            out["posterior_alpha"] = self.rule.posterior_alpha
         return out
 
     def propose(self, state: DecodeState) -> TreeProposal:
-        batch, size = state.batch, self.tree.size
+        batch, size = state.batch, len(self.tree)
         logits = self._logits(state)
         probs = None
         if state.greedy or self.acceptance == "typical":
-            top = self._top_ids(logits, max(self.tree.top_k, 1))  # [B, N, k]
+            top = self._top_ids(logits, max(self.tree.ranks) + 1)  # [B, N, k]
             drafts = top[:, self._depth_index, self._rank_index]  # [B, T - 1]
         else:
             # Every node is an independent draw from its head's processed distribution q.
             rows = self._full_vocab(logits)[:, self._depth_index]  # [B, T - 1, V]
             index = torch.arange(batch, device=rows.device).repeat_interleave(size - 1)
-            params = step.select_params(state.draft_params, index)
+            params = state.draft_params.select(index)
             offsets = (state.offsets[:, None] + torch.arange(1, size, device=rows.device))
-            drafts, q = step.sample_with_probs(
+            drafts, q = ops.sample_with_probs(
                 rows.reshape(batch * (size - 1), -1), params, offsets.reshape(-1)
             )
             drafts = drafts.view(batch, size - 1)
@@ -393,10 +386,7 @@ class MedusaDrafter(_HeadsDrafter):
         parents = torch.where(keep, self._parents[None, :], torch.full_like(tokens, -2))
         tokens = torch.where(keep, tokens, torch.zeros_like(tokens))
         depths = [min(self.tree.depth, max(r - 1, 0)) for r in state.remaining]
-        return TreeProposal(
-            tokens, parents, depths, probs,
-            typical=self.typical if self.acceptance == "typical" else None,
-        )
+        return TreeProposal(tokens, parents, depths, probs, acceptance=self.rule)
 
 
 class BlockwiseDrafter(_HeadsDrafter):
@@ -417,10 +407,10 @@ class BlockwiseDrafter(_HeadsDrafter):
 
     def __init__(self, heads=None, *, num_draft: int | None = None, cost_curve=None,
                  max_nodes: int = 64):
-        tree = None
-        if num_draft is not None:
-            if num_draft < 1:
-                raise ValueError(f"num_draft must be >= 1, got {num_draft}")
+        heads, tree = _as_heads(heads), None
+        if num_draft is not None:  # checked before the chain is built
+            check_size("num_draft", num_draft, 1, heads.num_heads,
+                       f"the heads guess {heads.num_heads} tokens ahead")
             tree = [(0,) * d for d in range(1, num_draft + 1)]
         super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
 

@@ -4,10 +4,11 @@ once, and every prophet is told what was accepted.
 
 Merging
 -------
-Each prophet's chain or tree is inserted into a trie rooted at the pending token: a node is
-``(parent, token)``, so the same continuation proposed twice (by two prophets, or twice by
-one) is one node, which remembers every prophet that proposed it and at which *rank* (its
-order among that prophet's children of the same parent).
+Each prophet's chain or tree is inserted into a trie rooted at the pending token
+(:class:`~specdec_kernels.decoding.budget.CandidateTree`): a node is ``(parent, token)``, so
+the same continuation proposed twice (by two prophets, or twice by one) is one node, which
+remembers every prophet that proposed it and at which *rank* (its order among that prophet's
+children of the same parent).
 
 The lossless rule
 -----------------
@@ -27,8 +28,8 @@ What the prophets are told
 After the step, prophet ``p`` receives a :class:`StepOutcome` whose ``num_accepted[b]`` is the
 number of leading accepted drafts that it had proposed itself (its chain's matching prefix,
 whether or not the budget kept its whole proposal), without logits. Drafters whose proposals
-carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or ask for typical acceptance
-cannot be merged (``ValueError``).
+carry :class:`~specdec_kernels.decoding.drafter.ExtraRows` or an acceptance rule other than
+``LOSSLESS`` cannot be merged (``ValueError``).
 
 Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes verified
 (kept by the budget), accepted drafts it had proposed, and their share of the emitted tokens.
@@ -36,232 +37,38 @@ Statistics per prophet (in the run's ``drafter_report``): nodes proposed, nodes 
 
 from __future__ import annotations
 
-from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget, path_probabilities
+from specdec_kernels.decoding.acceptance import LOSSLESS
+from specdec_kernels.decoding.budget import (
+    AcceptanceStats,
+    CandidateTree,
+    OutcomeJudge,
+    TreeBudget,
+    budgeted_trees,
+)
 from specdec_kernels.decoding.drafter import (
-    ChainProposal,
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
     DecodeState,
     Drafter,
+    Proposal,
     StepOutcome,
     TreeProposal,
+    check_size,
 )
-from specdec_kernels.tree import Tree, stack_trees
 
-__all__ = ["CandidateTree", "MultiDrafter", "OutcomeJudge", "budgeted_trees", "judge"]
-
-
-class CandidateTree:
-    """A trie of drafts rooted at a request's pending token, with each node's prophets.
-
-    Attributes
-    ----------
-    tokens, parents, depths : list of int
-        Per node (node 0 the root: the pending token, parent ``-1``, depth 0).
-    sources : list of dict
-        Per node ``{prophet: rank}``.
-    labels : dict
-        ``{prophet: statistics key}``: under which key of :class:`AcceptanceStats` this
-        prophet's nodes of this tree are estimated and judged. By default the prophet's name
-        and how deep it drafted this time (``"prompt-lookup:9+"``): a prophet that drafts deep
-        only when it is sure (prompt lookup on a long match, retrieval on a long suffix) gets
-        separate statistics for its sure and its unsure proposals.
-    """
-
-    def __init__(self, root: int):
-        self.tokens, self.parents, self.depths = [int(root)], [-1], [0]
-        self.sources: list = [{}]
-        self.labels: dict = {}
-        self._children: list = [{}]
-
-    def label(self, prophet: str) -> str:
-        return self.labels.get(prophet, prophet)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def add(self, parent: int, token: int, prophet: str, rank: int) -> int:
-        """The node for ``token`` under ``parent`` (created if new); ``prophet`` is recorded
-        with ``rank`` (its best rank there if it proposed the node twice)."""
-        node = self._children[parent].get(token)
-        if node is None:
-            node = len(self.tokens)
-            self._children[parent][token] = node
-            self.tokens.append(int(token))
-            self.parents.append(parent)
-            self.depths.append(self.depths[parent] + 1)
-            self.sources.append({})
-            self._children.append({})
-        known = self.sources[node].get(prophet)
-        self.sources[node][prophet] = rank if known is None else min(known, rank)
-        return node
-
-    def add_tree(self, tokens: list, parents: list, prophet: str, max_depth: int) -> list:
-        """Insert a prophet's tree (``tokens[0]`` is the root; ``parents`` with ``-2``
-        padding), nodes deeper than ``max_depth`` left out.
-
-        Returns
-        -------
-        list of int
-            The trie node of each of the prophet's nodes (``-1`` for padding, left out).
-        """
-        where = [0] + [-1] * (len(tokens) - 1)
-        ranks: dict = {}
-        deepest = 0
-        for j in range(1, len(tokens)):
-            parent = parents[j]
-            if parent < 0 or where[parent] < 0 or self.depths[where[parent]] >= max_depth:
-                continue
-            rank = ranks.get(parent, 0)
-            ranks[parent] = rank + 1
-            where[j] = self.add(where[parent], tokens[j], prophet, rank)
-            deepest = max(deepest, self.depths[where[j]])
-        self.labels.setdefault(prophet, f"{prophet}:{depth_class(deepest)}")
-        return where
-
-    def child(self, node: int, token: int) -> int | None:
-        return self._children[node].get(token)
-
-    def children(self, node: int) -> dict:
-        """``{token: node}`` of ``node``'s children."""
-        return self._children[node]
+__all__ = ["MultiDrafter"]
 
 
-def depth_class(depth: int) -> str:
-    """Bucket of a proposal's depth: ``"1-2"``, ``"3-4"``, ``"5-8"`` or ``"9+"``."""
-    return "1-2" if depth <= 2 else "3-4" if depth <= 4 else "5-8" if depth <= 8 else "9+"
-
-
-def _host_trees(proposal, batch: int) -> list:
-    """Per request ``(tokens, parents)`` host lists of a chain or tree proposal (root first)."""
-    if isinstance(proposal, ChainProposal):
-        if proposal.extra is not None:
-            raise ValueError("drafters: a merged prophet may not propose extra rows")
-        width = proposal.tokens.shape[1]
-        drafts = proposal.tokens.tolist() if width else [[] for _ in range(batch)]
-        out = []
-        for b in range(batch):
-            k = proposal.depths[b]
-            out.append(([0] + drafts[b][:k], list(range(-1, k))))
-        return out
-    if isinstance(proposal, TreeProposal):
-        if proposal.extra is not None or proposal.typical is not None:
-            raise ValueError(
-                "drafters: a merged prophet may not propose extra rows or typical acceptance"
-            )
-        return list(zip(proposal.tokens.tolist(), proposal.parents.tolist()))
-    raise TypeError(f"a drafter returned {type(proposal).__name__}, not a proposal")
-
-
-def budgeted_trees(
-    candidates: list, stats: AcceptanceStats, budget: TreeBudget, remaining: list
-) -> tuple:
-    """Keep, in every request's candidate trie, the nodes the budget chooses.
-
-    Parameters
-    ----------
-    candidates : list of CandidateTree
-        One per request.
-    stats : AcceptanceStats
-        Gives each node's P(accepted | parent accepted).
-    budget : TreeBudget
-    remaining : list of int
-        Tokens each request may still emit (nodes deeper than ``remaining - 1`` are never
-        kept, so a request's tree depends on itself only).
-
-    Returns
-    -------
-    tokens, parents : Tensor
-        ``[B, T]`` int64 stacked trees (``-2`` padding), on the CPU.
-    kept : list of list of int
-        Per request, the trie node of each tree node.
-    depths : list of int
-        Each tree's depth.
-    """
-    scored = []
-    for cand, left in zip(candidates, remaining):
-        cond = [1.0] + [
-            stats.combined({cand.label(p): r for p, r in cand.sources[j].items()},
-                           cand.depths[j]) if cand.depths[j] <= left - 1
-            else 0.0
-            for j in range(1, len(cand))
-        ]
-        scored.append((cand.parents, path_probabilities(cand.parents, cond)))
-    kept, _, _ = budget.choose(scored)
-    trees = []
-    for cand, nodes in zip(candidates, kept):
-        index = {node: i for i, node in enumerate(nodes)}
-        trees.append(Tree(
-            parents=[-1] + [index[cand.parents[n]] for n in nodes[1:]],
-            tokens=[cand.tokens[n] for n in nodes],
-        ))
-    tokens, parents = stack_trees(trees)
-    return tokens, parents, kept, [max(t.depths) for t in trees]
-
-
-def accepted_path(cand: CandidateTree, emitted: list, num_accepted: int) -> list:
-    """Trie nodes of the accepted drafts (root excluded), following the emitted tokens."""
-    path, node = [], 0
-    for token in emitted[:num_accepted]:
-        node = cand.child(node, token)
-        if node is None:  # cannot happen: accepted drafts are tree nodes
-            break
-        path.append(node)
-    return path
-
-
-def judge(cand: CandidateTree, continuation: list, stats: AcceptanceStats) -> bool:
-    """Record, in ``stats``, every candidate node whose parent lies on the path the target
-    actually took (``continuation``: the tokens emitted after the root, as far as known); it
-    held when its token is the one emitted there. Returns whether the judgement is complete
-    (the path left the trie) or must wait for more tokens.
-
-    Nodes are judged whether or not they were verified, and at every depth the trie reaches,
-    so a prophet's statistics at depth ``d`` do not wait for the budget to keep depth ``d - 1``
-    (greedy output is deterministic, so the later tokens are exactly what verification would
-    have compared them with; when sampling, a node holds with the probability its one-hot
-    verification would accept it)."""
-    node = 0
-    for target in continuation:
-        children = cand.children(node)
-        if not children:
-            break
-        nxt = children.get(target)
-        if nxt is None:
-            break
-        node = nxt
-    else:
-        if cand.children(node):
-            return False  # the path may go on: wait for more tokens
-    node = 0
-    for target in continuation:
-        children = cand.children(node)
-        for token, child in children.items():
-            for prophet, rank in cand.sources[child].items():
-                stats.record(cand.label(prophet), cand.depths[child], rank, token == target)
-        node = children.get(target)
-        if node is None:
-            break
-    return True
-
-
-class OutcomeJudge:
-    """Per request, the candidate tries of recent steps waiting for enough emitted tokens to
-    be judged (:func:`judge`); one per drafter that keeps :class:`AcceptanceStats`."""
-
-    def __init__(self, batch: int):
-        self.pending = [[] for _ in range(batch)]
-
-    def add(self, state: DecodeState, outcome: StepOutcome, candidates: list,
-            stats: AcceptanceStats) -> None:
-        """Queue this step's tries and judge every queued one that can be."""
-        for b, cand in enumerate(candidates):
-            self.pending[b].append((cand, outcome.previous_starts[b] + 1))
-            ctx = state.contexts[b]
-            self.pending[b] = [
-                (c, at) for c, at in self.pending[b] if not judge(c, ctx[at:], stats)
-            ]
-
-    def select_requests(self, keep: list) -> None:
-        self.pending = [self.pending[b] for b in keep]
+def _host_trees(proposal: Proposal, pending) -> list:
+    """Per request the ``(tokens, parents)`` host lists of a prophet's block (root first)."""
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
+    if proposal.extra is not None or proposal.acceptance != LOSSLESS:
+        raise ValueError(
+            "drafters: a merged prophet may not propose extra rows or a rule other than lossless"
+        )
+    tokens, parents = proposal.block(pending)
+    return list(zip(tokens.tolist(), parents.tolist()))
 
 
 class MultiDrafter(Drafter):
@@ -293,8 +100,7 @@ class MultiDrafter(Drafter):
             raise ValueError("drafters: give at least one drafter to merge")
         if not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError("drafters: every entry must be a Drafter")
-        if max_nodes < 1:
-            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
+        check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         kinds = {d.target_features for d in drafters} - {None}
         if len(kinds) > 1:
             raise ValueError(f"drafters: they ask for different target features {sorted(kinds)}")
@@ -344,7 +150,7 @@ class MultiDrafter(Drafter):
         maps = [{} for _ in range(batch)]  # per request: prophet -> set of trie nodes
         for name, drafter in zip(self.names, self.drafters):
             proposal = drafter.propose(state)
-            for b, (tokens, parents) in enumerate(_host_trees(proposal, batch)):
+            for b, (tokens, parents) in enumerate(_host_trees(proposal, state.pending)):
                 where = candidates[b].add_tree(
                     tokens, parents, name, max_depth=max(state.remaining[b] - 1, 0)
                 )
@@ -370,7 +176,7 @@ class MultiDrafter(Drafter):
             n = outcome.num_accepted[b]
             start = outcome.previous_starts[b] + 1
             emitted = state.contexts[b][start : start + n + 1]
-            path = accepted_path(cand, emitted, n)
+            path = cand.follow(emitted[:n])  # the accepted drafts: all of them trie nodes
             self._emitted += n + 1
             for node in path:
                 sources = cand.sources[node]
@@ -384,7 +190,9 @@ class MultiDrafter(Drafter):
                 while count < len(path) and path[count] in mine:
                     count += 1
                 per_prophet[name].append(count)
-        self._judge.add(state, outcome, self._candidates, self.stats)
+        self._judge.add(
+            state.contexts, outcome.previous_starts, self._candidates, self.stats
+        )
         for name, drafter in zip(self.names, self.drafters):
             drafter.accept(state, StepOutcome(outcome.previous_starts, per_prophet[name]))
 

@@ -6,10 +6,21 @@ runs, and the cost per step is a few microseconds."""
 
 from __future__ import annotations
 
-from specdec_kernels.decoding import step
-from specdec_kernels.decoding.drafter import DecodeState, Drafter, TreeProposal
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    DecodeState,
+    Drafter,
+    TreeProposal,
+    check_size,
+)
+from specdec_kernels.tree import stack_trees, tree_from_sequences
 
-__all__ = ["NgramIndex", "PromptLookupDrafter"]
+__all__ = ["MAX_NGRAM", "NgramIndex", "PromptLookupDrafter"]
+
+#: The longest suffix n-gram indexed: every size up to it costs a dictionary entry per token
+#: of every request, and a match this long already picks the continuation.
+MAX_NGRAM = 64
 
 
 class NgramIndex:
@@ -110,6 +121,11 @@ class PromptLookupDrafter(Drafter):
         max_branches: int = 2,
         max_nodes: int = 16,
     ):
+        check_size("max_ngram", max_ngram, 1, MAX_NGRAM,
+                   f"MAX_NGRAM = {MAX_NGRAM}: each size indexed costs memory per token")
+        for name, value in (("max_depth", max_depth), ("short_depth", short_depth),
+                            ("max_branches", max_branches), ("max_nodes", max_nodes)):
+            check_size(name, value, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         if min(max_depth, short_depth, max_branches, max_nodes, strong_ngram) < 1:
@@ -158,7 +174,7 @@ class PromptLookupDrafter(Drafter):
             sequences.append(seq)
             nodes += added
         depth = max((len(s) for s in sequences), default=0)
-        tree = step.tree_from_sequences(
+        tree = tree_from_sequences(
             sequences, root, max_nodes=self.max_nodes + 1, max_depth=max(depth, 1)
         )
         return tree, depth
@@ -170,7 +186,7 @@ class PromptLookupDrafter(Drafter):
             tree, depth = self._tree(index, ctx[-1], state.remaining[b])
             trees.append(tree)
             depths.append(depth)
-        tokens, parents = step.stack_trees(trees)
+        tokens, parents = stack_trees(trees)
         device = state.pending.device
         return TreeProposal(
             tokens.to(device, non_blocking=True), parents.to(device, non_blocking=True), depths

@@ -1,91 +1,108 @@
-"""The target as its own prophet, compressed: a copy of the target whose linear layers are
-int8 weight-quantized (torch's dynamic quantization: int8 weights per output channel,
-activations quantized on the fly) drafts ``K`` tokens with its own cache, exactly like a
-separate draft model (:class:`~specdec_kernels.decoding.draft_model.DraftModelDrafter`). No
-training, and it agrees with the target far more often than a smaller model would.
+"""The target as its own prophet, compressed: a copy of the target whose linear layers hold
+int4 or int8 weights (groups along K with per-group scales, run by
+:func:`specdec_kernels.ops.quantized_linear`) drafts ``K`` tokens with its own cache, exactly
+like a separate draft model (:class:`~specdec_kernels.decoding.draft_model.DraftModelDrafter`).
+No training, and it agrees with the target far more often than a smaller model would.
 
-Torch's dynamic int8 kernels (fbgemm / onednn) run on CPU only: a target on another device is
-refused with a ``ValueError``.
+Or, for a target held at higher precision than its GGUF file (``load_model(...,
+weights="float32")``), the file's own quantized weights draft (``gguf=path``).
+
+The copy shares everything but the quantized linears with the target (embeddings, norms): its
+resident cost is the quantized weights alone.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 
 import torch
 
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
 from specdec_kernels.decoding.runner import ModelRunner
+from specdec_kernels.models.quantized_weight import QuantizedWeight, quantize_model
 
-__all__ = ["QuantizedSelfDrafter", "quantize_int8"]
+__all__ = ["QuantizedSelfDrafter", "quantized_copy"]
 
-# One quantized copy per target model object (quantizing takes seconds; runs reuse it).
+# One quantized copy per (target model object, bits, group): quantizing takes seconds.
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_GGUF_DRAFTS: dict = {}
 
 
-def quantize_int8(model):
-    """A copy of ``model`` with every ``nn.Linear`` dynamically quantized to int8 (per output
-    channel), the rest (embeddings, norms) unchanged; ``model`` itself is untouched.
+def quantized_copy(model, bits: int = 4, group: int = 32):
+    """A copy of ``model`` whose ``nn.Linear`` weights are quantized to ``bits`` (4 or 8) in
+    groups of ``group`` values along K (see
+    :func:`~specdec_kernels.models.quantized_weight.quantize_weight`); every other tensor is
+    shared with ``model``, which is left untouched. Weights already quantized (a model loaded
+    at its GGUF file's precision) are kept as they are.
 
     Raises
     ------
     ValueError
-        ``model`` is not a float32 model on the CPU.
+        ``bits`` or ``group`` not supported, or a model that is not float32 / bfloat16.
     """
     first = next(model.parameters())
-    if first.device.type != "cpu" or first.dtype != torch.float32:
-        raise ValueError(
-            f"model: int8 dynamic quantization needs a float32 model on the CPU, got "
-            f"{first.dtype} on {first.device}"
-        )
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    clone = copy.deepcopy(model)
-    # Tied LM head and embedding: the quantized LM head gets its own int8 copy.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch deprecates its quantized tensor creation
-        quantized = quantize_dynamic(
-            clone, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8
-        )
-    return quantized.eval()
+    if first.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"model: quantized-self needs a float32 or bfloat16 model, got {first.dtype}")
+    # Share every tensor (deepcopy copies the modules, not the weights), then swap the copy's
+    # linear weights for quantized ones.
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    clone = copy.deepcopy(model, memo)
+    return quantize_model(clone, bits, group).eval()
 
 
 class QuantizedSelfDrafter(DraftModelDrafter):
-    """Drafts with an int8 copy of the target.
+    """Drafts with a quantized copy of the target.
 
     Parameters
     ----------
     num_draft : int
         Drafts per step ``K`` (the start value when ``adaptive``).
+    bits : int
+        4 (default: about a seventh of the float32 weight bytes) or 8.
+    group : int
+        Values per scale along K (a power of two, >= 32 for 4 bits, >= 16 for 8 bits).
+    gguf : str, optional
+        Draft with this GGUF file's own weights instead (the target's file, for a target
+        loaded at higher precision); ``bits`` and ``group`` are then the file's.
     adaptive, min_draft, max_draft, confidence_threshold
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
 
     name = "quantized-self"
 
-    def __init__(self, *, num_draft: int = 3, **kwargs):
+    def __init__(self, *, num_draft: int = 3, bits: int = 4, group: int = 32,
+                 gguf: str | None = None, **kwargs):
         # The draft model is the target's copy, made when the target is known (bind).
         super(DraftModelDrafter, self).__init__(num_draft, **kwargs)
+        if bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {bits}")
+        smallest = 32 if bits == 4 else 16
+        if group < smallest or group & (group - 1):
+            raise ValueError(f"group must be a power of two >= {smallest} for {bits} bits, got {group}")
+        self.bits, self.group, self.gguf = bits, group, gguf
         self.model = None
         self.tokenizer = None
         self.runner = None
         self.cache = None
 
+    def _draft_model(self, target, dtype):
+        if self.gguf is not None:
+            key = (str(self.gguf), dtype)
+            if key not in _GGUF_DRAFTS:
+                from specdec_kernels.models import load_model
+
+                _GGUF_DRAFTS[key] = load_model(self.gguf, dtype=dtype, weights="file").model
+            return _GGUF_DRAFTS[key]
+        copies = _COPIES.setdefault(target, {})
+        key = (self.bits, self.group)
+        if key not in copies:
+            copies[key] = quantized_copy(target, self.bits, self.group)
+        return copies[key]
+
     def bind(self, runner: ModelRunner, tokenizer) -> None:
-        target = runner.model
-        if runner.device.type != "cpu":
-            raise ValueError(
-                f"quantized-self: torch's int8 dynamic quantization runs on the CPU; the "
-                f"target is on {runner.device}"
-            )
-        model = _COPIES.get(target)
-        if model is None:
-            model = quantize_int8(target)
-            _COPIES[target] = model
-        self.model = model
-        self.runner = ModelRunner(model)
+        self.model = self._draft_model(runner.model, runner.dtype)
+        self.runner = ModelRunner(self.model)
         super().bind(runner, tokenizer)
 
     def max_block_width(self) -> int:
@@ -93,5 +110,13 @@ class QuantizedSelfDrafter(DraftModelDrafter):
 
     def describe(self) -> dict:
         out = super().describe() if self.model is not None else {"name": self.name}
-        out["model"] = "int8 dynamic quantization of the target (torch.ao, per channel)"
+        if self.gguf is not None:
+            out["model"] = f"the GGUF file's own weights ({self.gguf})"
+        else:
+            out["model"] = f"int{self.bits} copy of the target, groups of {self.group} (quantized_linear)"
         return out
+
+
+def _quantized_linears(model) -> int:
+    """How many weights of ``model`` are quantized (for tests and reports)."""
+    return sum(isinstance(b, QuantizedWeight) for b in model.buffers())

@@ -10,14 +10,31 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
-from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
-from specdec_kernels.decoding.multi import CandidateTree, OutcomeJudge, budgeted_trees
+from specdec_kernels.decoding.budget import (
+    AcceptanceStats,
+    CandidateTree,
+    OutcomeJudge,
+    TreeBudget,
+    budgeted_trees,
+)
+from specdec_kernels.decoding.drafter import (
+    BLOCK_LIMIT_REASON,
+    MAX_BLOCK_WIDTH,
+    DecodeState,
+    Drafter,
+    StepOutcome,
+    TreeProposal,
+    check_size,
+)
 
 __all__ = ["DEFAULT_DATASTORE", "RetrievalDrafter", "default_datastore_path"]
 
 #: Package folder of the datastore built for the default model (see data/README.md).
 DEFAULT_DATASTORE = "datastore/smollm2-135m-instruct"
+
+#: Upper limits of the lookup options (REST itself looks up at most 16 tokens and reads
+#: the first matches only).
+MAX_SUFFIX_LIMIT, MAX_MATCHES = 256, 4096
 
 
 def default_datastore_path() -> Path:
@@ -54,7 +71,7 @@ def frequency_trie(root: int, continuations: list, max_nodes: int, name: str) ->
         if parent is None:
             continue
         rank = len(tree.children(parent))
-        nodes[prefix] = tree.add(parent, prefix[-1], name, rank)
+        nodes[prefix] = tree.propose(parent, prefix[-1], name, rank)
     return tree
 
 
@@ -96,12 +113,20 @@ class RetrievalDrafter(Drafter):
         cost_curve=None,
         budget: bool = True,
     ):
-        if min(max_depth, max_nodes, max_suffix, min_suffix, max_matches) < 1:
-            raise ValueError(
-                "max_depth, max_nodes, max_suffix, min_suffix and max_matches must be >= 1"
-            )
+        for name, value in (("max_depth", max_depth), ("max_nodes", max_nodes)):
+            check_size(name, value, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
+        for name, value in (("max_suffix", max_suffix), ("min_suffix", min_suffix)):
+            check_size(name, value, 1, MAX_SUFFIX_LIMIT,
+                       "each suffix token is one more binary search of the store per step")
+        check_size("max_matches", max_matches, 1, MAX_MATCHES,
+                   "every occurrence read is merged into the step's trie on the host")
         if min_suffix > max_suffix:
             raise ValueError(f"min_suffix ({min_suffix}) must be <= max_suffix ({max_suffix})")
+        from specdec_kernels.retrieval.datastore import Datastore
+
+        # Opened (memory-mapped and checked) now, so a damaged store fails before any model.
+        if not isinstance(datastore, Datastore):
+            datastore = Datastore(default_datastore_path() if datastore is None else datastore)
         self.datastore = datastore
         self.max_depth, self.max_nodes = max_depth, max_nodes
         self.max_suffix, self.min_suffix, self.max_matches = max_suffix, min_suffix, max_matches
@@ -113,15 +138,8 @@ class RetrievalDrafter(Drafter):
         self._candidates: list = []
 
     def bind(self, runner, tokenizer) -> None:
-        from specdec_kernels.retrieval.datastore import Datastore
-
-        store = self.datastore
-        if store is None:
-            store = default_datastore_path()
-        if not isinstance(store, Datastore):
-            store = Datastore(store)
-        store.check_tokenizer(tokenizer, vocab_size=runner.vocab_size)
-        self.store = store
+        self.datastore.check_tokenizer(tokenizer, vocab_size=runner.vocab_size)
+        self.store = self.datastore
         self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
@@ -180,7 +198,9 @@ class RetrievalDrafter(Drafter):
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
         if self.use_budget:
-            self._judge.add(state, outcome, self._candidates, self.stats)
+            self._judge.add(
+                state.contexts, outcome.previous_starts, self._candidates, self.stats
+            )
 
     def select_requests(self, keep: list) -> None:
         self._judge.select_requests(keep)

@@ -15,11 +15,12 @@ import inspect
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import kernel_choice, step
+from specdec_kernels.decoding import kernel_choice
+from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
 from specdec_kernels.models.hf_compat import cache_kwargs
-from specdec_kernels.models.hf_tree_attention import register_tree_attention
+from specdec_kernels.models.hf_tree_attention import ATTENTION_NAME, register_tree_attention
 
 __all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "ModelRunner"]
 
@@ -66,7 +67,8 @@ class ModelRunner:
         the package's kernels measure faster than torch's on this machine
         (:mod:`~specdec_kernels.decoding.kernel_choice`; :attr:`kernels` says which path and
         why). From the first forward until :meth:`release`, the model's attention
-        implementation is :data:`~specdec_kernels.decoding.step.ATTENTION_NAME` (which behaves
+        implementation is
+        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves
         as sdpa in forwards without tree metadata); a model that cannot switch keeps the 4-D
         mask path.
     """
@@ -86,7 +88,7 @@ class ModelRunner:
         params = inspect.signature(model.forward).parameters
         self._has_logits_to_keep = "logits_to_keep" in params
         # Models set to the registered tree-attention kernel get tree metadata, not masks.
-        self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == step.ATTENTION_NAME
+        self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         self.device, self.dtype = first.device, first.dtype
 
     @property
@@ -114,8 +116,8 @@ class ModelRunner:
         if not self.uses_tree_kernel and self._previous_attention is None:
             self._previous_attention = self.config._attn_implementation
             register_tree_attention()
-            self.model.set_attn_implementation(step.ATTENTION_NAME)
-            self.uses_tree_kernel = self.config._attn_implementation == step.ATTENTION_NAME
+            self.model.set_attn_implementation(ATTENTION_NAME)
+            self.uses_tree_kernel = self.config._attn_implementation == ATTENTION_NAME
         return True
 
     def release(self) -> None:
@@ -186,10 +188,10 @@ class ModelRunner:
         cpu_kernels = self._use_cpu_kernels()
         rows = 0 if extra is None else extra.num_rows  # extra rows follow the chain/tree
         if parents is None:
-            parents = step.chain_parents(batch, width - rows, self.device)
+            parents = chain_parents(batch, width - rows, self.device)
         prefix_lens = torch.tensor(starts, dtype=torch.int64).to(self.device, non_blocking=True)
         cache.plan_write(starts, width)
-        kwargs = step.block_forward_kwargs(
+        kwargs = block_forward_kwargs(
             self.config, parents, prefix_lens, starts, self.dtype, self.uses_tree_kernel, extra
         )
         kwargs.update(input_ids=tokens, use_cache=True)

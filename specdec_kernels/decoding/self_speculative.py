@@ -40,8 +40,9 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
 
     def __init__(self, num_layers: int | None = None, *, num_draft: int = 1, **kwargs):
         super().__init__(num_draft, **kwargs)
-        if num_layers is not None and num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        # The upper limit is the target's layer count, checked by bind (before any allocation).
+        if num_layers is not None and (not isinstance(num_layers, int) or num_layers < 1):
+            raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         self.num_layers = num_layers
         self._exit = None
         self._runner = None
@@ -55,7 +56,8 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
         if not 1 <= exit_layer < total:
             raise ValueError(
                 f"num_layers must be in [1, {total - 1}] for a target of {total} layers, "
-                f"got {exit_layer}"
+                f"got {exit_layer} (the draft runs the target's first layers; all {total} "
+                "would be the target itself, at the same cost)"
             )
         runner.decoder_parts()  # fails early on models without the needed modules
         self._exit = exit_layer

@@ -34,8 +34,10 @@ __all__ = ["add_subcommand", "build_examples", "evaluate_heads", "train_heads"]
 def build_data(args, log=print) -> Path:
     from specdec_kernels.medusa.data import (
         answers_of,
+        chunk_path,
         first_stage_prompts,
         generate_chunk,
+        refuse_pickles,
         second_stage_prompts,
         write_manifest,
     )
@@ -44,6 +46,8 @@ def build_data(args, log=print) -> Path:
     if args.threads:
         torch.set_num_threads(args.threads)
     data = Path(args.data)
+    for stage in ("first", "second"):  # before the model loads
+        refuse_pickles(data / stage)
     loaded = load_model(args.model)
     t0 = time.perf_counter()
     first = first_stage_prompts(args.first_prompts, seed=args.seed)
@@ -56,11 +60,11 @@ def build_data(args, log=print) -> Path:
     done_second = 0
     for c in range(chunks):
         generate_chunk(
-            loaded, first[c * size : (c + 1) * size], data / "first" / f"chunk_{c:04d}.pt",
+            loaded, first[c * size : (c + 1) * size], chunk_path(data / "first", c),
             max_new_tokens=args.max_new_tokens, seed=args.seed * 7919 + c, log=log,
         )
         if done_second < second_chunks and (c + 1) % every == 0:
-            path = data / "second" / f"chunk_{done_second:04d}.pt"
+            path = chunk_path(data / "second", done_second)
             if not path.exists():
                 prompts = second_stage_prompts(
                     answers_of(data / "first"), size, seed=args.seed * 7919 + 5000 + done_second

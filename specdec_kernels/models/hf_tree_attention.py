@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
-from specdec_kernels.tree import tree_attention_mask_4d, unpack_tree_mask
+from specdec_kernels.models.hf_masks import tree_attention_mask_4d
+from specdec_kernels.tree import unpack_tree_mask
 
 __all__ = [
     "ATTENTION_NAME",

@@ -32,6 +32,7 @@ _COMPLETE_MARKER = ".specdec-complete"
 __all__ = [
     "CACHE_ENV_VAR",
     "LoadedModel",
+    "WEIGHT_MODES",
     "cache_dir",
     "converted_gguf_dir",
     "default_gguf_path",
@@ -137,11 +138,32 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_gguf_file(path: Path) -> None:
+    """Raise ``ValueError`` naming ``path`` unless ``gguf``'s reader opens it whole (its
+    header, and tensor data for every tensor the header lists). A file cut short, e.g. by an
+    interrupted download, is reported as truncated."""
+    import gguf
+
+    size = path.stat().st_size
+    try:
+        gguf.GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OSError) as error:
+        if "cannot reshape array" in str(error):  # a tensor's data runs past the end
+            raise ValueError(
+                f"{path} is truncated: its header lists tensor data past the end of the file "
+                f"({size} bytes); download or copy it again"
+            ) from None
+        raise ValueError(
+            f"{path} is not a readable GGUF file (truncated or corrupt, {size} bytes: {error})"
+        ) from None
+
+
 def _ensure_converted(gguf_path: Path) -> Path:
     target = converted_gguf_dir(gguf_path)
     if not (target / _COMPLETE_MARKER).is_file():
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)  # left over from an interrupted run
+        check_gguf_file(gguf_path)
         _convert_gguf(gguf_path, target)
     return target
 
@@ -166,6 +188,7 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
+    weights: str = "file",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, offline.
 
@@ -181,6 +204,12 @@ def load_model(
         Where the model lives.
     attn_implementation : str, optional
         Passed to transformers (``"sdpa"``, ``"eager"``, ...); its default when ``None``.
+    weights : str
+        For GGUF sources (the default model included): ``"file"`` keeps the file's precision
+        (quantized blocks repacked exactly for :func:`~specdec_kernels.ops.quantized_linear`,
+        see :mod:`~specdec_kernels.models.gguf_weights`; ``dtype`` is then that of the
+        activations, norms and unquantized tensors); ``"float32"`` dequantizes everything
+        (through the cached conversion) and loads it in ``dtype``. HF folders load as saved.
 
     Returns
     -------
@@ -191,12 +220,18 @@ def load_model(
     FileNotFoundError
         ``source`` does not exist, or the default model's package is missing.
     ValueError
-        ``source`` is neither a folder nor a ``.gguf`` file, ``dtype`` is unknown, or
-        ``device`` is not a device torch knows or can use here.
+        ``source`` is neither a folder nor a ``.gguf`` file, ``dtype`` is unknown,
+        ``device`` is not a device torch knows or can use here, or ``weights`` is not
+        ``"file"`` or ``"float32"``.
     """
     dtype = _as_dtype(dtype)
     device = _as_device(device)
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES}, got {weights!r}")
     if source is None or str(source) == "default":
+        if weights == "file":
+            return _load_gguf_at_file_precision(default_gguf_path(), dtype, device,
+                                                attn_implementation, "default")
         folder = _ensure_converted(default_gguf_path())
         model, tokenizer = _load_folder(folder, dtype, device, attn_implementation)
         return LoadedModel(model, tokenizer, "default")
@@ -205,6 +240,8 @@ def load_model(
         raise FileNotFoundError(f"no model at {path}")
     if path.is_dir():
         model, tokenizer = _load_folder(path, dtype, device, attn_implementation)
+    elif path.suffix == ".gguf" and weights == "file":
+        return _load_gguf_at_file_precision(path, dtype, device, attn_implementation, str(path))
     elif path.suffix == ".gguf":
         folder = _ensure_converted(path)
         model, tokenizer = _load_folder(folder, dtype, device, attn_implementation)
@@ -214,10 +251,24 @@ def load_model(
 
 
 def load_default_model(
-    *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu"
+    *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+    weights: str = "file",
 ) -> LoadedModel:
     """The bundled default model, SmolLM2-135M-Instruct (see :func:`load_model`)."""
-    return load_model(None, dtype=dtype, device=device)
+    return load_model(None, dtype=dtype, device=device, weights=weights)
+
+
+#: ``load_model(weights=...)``: a GGUF file's own precision, or dequantized.
+WEIGHT_MODES = ("file", "float32")
+
+
+def _load_gguf_at_file_precision(path: Path, dtype, device, attn_implementation, source: str):
+    from specdec_kernels.models.gguf_weights import load_gguf_model
+
+    model, tokenizer = load_gguf_model(path, dtype=dtype, device=device,
+                                       attn_implementation=attn_implementation)
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, source)
 
 
 _DTYPES = {

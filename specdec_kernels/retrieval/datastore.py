@@ -35,6 +35,7 @@ __all__ = [
     "Datastore",
     "Lookup",
     "build_datastore",
+    "check_datastore",
     "tokenizer_fingerprint",
 ]
 
@@ -175,6 +176,110 @@ def _has_pydivsufsort() -> bool:
     return True
 
 
+def _read_meta(path: Path) -> dict:
+    """``meta.json`` with the fields a lookup needs, checked."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"datastore: {path} is not valid JSON ({error})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"datastore: {path} must hold a JSON object")
+    for key in ("separator", "vocab_size"):
+        value = meta.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"datastore: {path} needs a positive integer {key!r}, got {value!r}")
+    if meta["separator"] != meta["vocab_size"]:
+        raise ValueError(
+            f"datastore: {path}: separator {meta['separator']} must be the vocabulary size "
+            f"{meta['vocab_size']} (an id no context holds)"
+        )
+    return meta
+
+
+def _load_array(path: Path) -> np.ndarray:
+    """A 1-D integer ``.npy`` file, memory-mapped (``allow_pickle`` stays off: an object
+    array, which would need a pickle, is refused)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"datastore: {path} is missing")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:  # a pickled object array, a bad header, a short file
+        raise ValueError(f"datastore: {path} is not a plain .npy array ({error})") from None
+    if array.dtype.kind not in "iu" or array.ndim != 1:
+        raise ValueError(
+            f"datastore: {path} must be a 1-D integer array (`specdec datastore build` writes "
+            f"int32), got {array.dtype} with shape {array.shape}"
+        )
+    return array
+
+
+#: Adjacent suffix pairs of ``sa`` compared on each load, and tokens compared per pair.
+SA_SAMPLE_PAIRS, SA_SAMPLE_DEPTH = 256, 64
+
+
+def check_datastore(tokens: np.ndarray, sa: np.ndarray, separator: int, where="") -> None:
+    """Check that ``tokens`` and ``sa`` form a datastore (see the module notes).
+
+    What is checked, and what it guarantees:
+
+    - ``tokens`` holds ids in ``[0, separator]`` and starts with the separator (the reversed
+      stream ends every document with one): no lookup returns an id outside the vocabulary;
+    - ``sa`` has ``tokens``' length, every entry in ``[0, N)``, and the sum of ``0 .. N-1``:
+      every lookup reads inside the arrays (no ``IndexError`` mid-decode, whatever the files
+      hold); a permutation always passes, and a swapped, truncated or foreign array fails
+      (a non-permutation passes only if its errors cancel exactly in the sum);
+    - :data:`SA_SAMPLE_PAIRS` adjacent pairs ``sa[i], sa[i + 1]`` at evenly spread ``i`` are
+      in suffix order (on their first :data:`SA_SAMPLE_DEPTH` tokens): a shuffled or
+      unsorted array fails unless nearly all of it is sorted.
+
+    A store that passes yet is not exactly a suffix array can only give worse drafts
+    (verification keeps the output the target's), never an error or a wrong token. The cost
+    is one pass over both arrays (memory-mapped) plus the sample.
+
+    Raises
+    ------
+    ValueError
+        Naming ``where`` and the first check that failed.
+    """
+    n = len(tokens)
+    prefix = f"datastore: {where}: " if where else "datastore: "
+    if n == 0:
+        raise ValueError(prefix + "tokens.npy is empty")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high > separator or int(tokens[0]) != separator:
+        raise ValueError(
+            prefix + f"tokens.npy holds values in [{low}, {high}] starting with "
+            f"{int(tokens[0])}; a datastore's are token ids in [0, {separator}] starting with "
+            f"the separator {separator} (are tokens.npy and sa.npy swapped?)"
+        )
+    if len(sa) != n:
+        raise ValueError(prefix + f"sa.npy has {len(sa)} entries, tokens.npy {n}")
+    low, high = int(sa.min()), int(sa.max())
+    total = int(sa.sum(dtype=np.int64))
+    if low != 0 or high != n - 1 or total != n * (n - 1) // 2:
+        raise ValueError(
+            prefix + f"sa.npy is not a permutation of 0..{n - 1} (values in [{low}, {high}], "
+            f"sum {total}, expected {n * (n - 1) // 2}); rebuild it with `specdec datastore "
+            "build`"
+        )
+    for i in np.unique(np.linspace(0, n - 2, num=min(SA_SAMPLE_PAIRS, n - 1)).astype(np.int64)):
+        a, b = int(sa[i]), int(sa[i + 1])
+        left = np.asarray(tokens[a : a + SA_SAMPLE_DEPTH], dtype=np.int64)
+        right = np.asarray(tokens[b : b + SA_SAMPLE_DEPTH], dtype=np.int64)
+        common = min(len(left), len(right))
+        differ = np.flatnonzero(left[:common] != right[:common])
+        if differ.size:
+            ordered = left[differ[0]] < right[differ[0]]
+        else:  # equal on the compared tokens: only the shorter suffix may come first
+            ordered = common == SA_SAMPLE_DEPTH or len(left) < len(right)
+        if not ordered:
+            raise ValueError(
+                prefix + f"sa.npy is not the suffix array of tokens.npy (suffixes {a} and {b} "
+                f"at ranks {i} and {i + 1} are out of order); rebuild it with `specdec "
+                "datastore build`"
+            )
+
+
 @dataclass
 class Lookup:
     """What one query found.
@@ -209,16 +314,17 @@ class Datastore:
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"no datastore at {path} (meta.json missing)")
         self.path = path
-        self.meta = json.loads((path / "meta.json").read_text())
+        self.meta = _read_meta(path / "meta.json")
         if self.meta.get("format") != FORMAT_VERSION:
             raise ValueError(
                 f"datastore: {path} has format {self.meta.get('format')}, this package reads "
                 f"{FORMAT_VERSION}; rebuild it with `specdec datastore build`"
             )
-        self.tokens = np.load(path / "tokens.npy", mmap_mode="r")
-        self.sa = np.load(path / "sa.npy", mmap_mode="r")
+        self.tokens = _load_array(path / "tokens.npy")
+        self.sa = _load_array(path / "sa.npy")
         self.separator = int(self.meta["separator"])
         self.size = len(self.tokens)
+        check_datastore(self.tokens, self.sa, self.separator, path)
 
     @property
     def vocab_size(self) -> int:

@@ -2,8 +2,15 @@
 //
 // SPECDEC_DEVICE_CODE is defined when device code is being compiled: by nvcc, or by a host
 // compiler with SPECDEC_EMULATE_CUDA defined (csrc/cuda/emulation/cuda_emulator.h then runs the
-// kernels on the CPU, for tests on machines without a GPU). SPECDEC_DEVICE marks device helper
-// functions and SPECDEC_EXTERN_SHARED declares a kernel's dynamic shared memory in both.
+// kernels on the CPU, for tests on machines without a GPU). In both:
+//   SPECDEC_DEVICE                    marks device helper functions (force-inlined by nvcc);
+//   SPECDEC_DEVICE_FUNCTION           marks a device function of a header that nvcc inlines as
+//                                     it sees fit (inline in the emulator, which links the
+//                                     kernels' translation units into one library);
+//   SPECDEC_SHARED(type, name)        declares a kernel's static shared variable;
+//   SPECDEC_EXTERN_SHARED(type, name) declares its dynamic shared memory (type name[]);
+//   SPECDEC_CLUSTERS                  is defined where thread-block clusters exist (sm_90+,
+//                                     and the emulator).
 #pragma once
 
 #if defined(SPECDEC_EMULATE_CUDA)
@@ -16,11 +23,20 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 #endif
 
 #if defined(SPECDEC_EMULATE_CUDA)
 #define SPECDEC_DEVICE inline
+#define SPECDEC_DEVICE_FUNCTION inline
+#define SPECDEC_CLUSTERS 1
 #elif defined(__CUDACC__)
+#include <cooperative_groups.h>
 #define SPECDEC_DEVICE __device__ __forceinline__
+#define SPECDEC_DEVICE_FUNCTION __device__
+#define SPECDEC_SHARED(type, name) __shared__ std::type_identity_t<type> name
 #define SPECDEC_EXTERN_SHARED(type, name) extern __shared__ __align__(128) type name[]
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SPECDEC_CLUSTERS 1
+#endif
 #endif

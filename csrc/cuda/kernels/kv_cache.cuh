@@ -1,80 +1,15 @@
-// KV-cache compaction and paged rollback: row addressing shared by the CPU and CUDA kernels,
-// and the CUDA kernels themselves. No torch includes.
-//
-// A "row" is the D contiguous elements of one (request, head, position) of one cache tensor.
-// Everything here moves raw bytes, so one instantiation serves every dtype.
+// CUDA kernels of KV-cache compaction and paged rollback (launchers in cuda/kv_cache.cu); the
+// row addressing they share with the CPU kernels is in core/kv_cache.h. No torch includes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
-#include "cuda/kernels/common.cuh"
+#include "core/common.h"
+#include "core/kv_cache.h"
 #include "cuda/kernels/device_code.cuh"
 
 namespace specdec {
-
-// Row offsets (bytes from a cache tensor's base) for caches laid out [B, H, S, D].
-struct ContiguousRows {
-  int64_t stride_b;
-  int64_t stride_h;
-  int64_t stride_s;
-  int64_t capacity;  // S
-
-  template <typename index_t>
-  SPECDEC_HD bool valid(int64_t, index_t position) const {
-    return position >= 0 && static_cast<int64_t>(position) < capacity;
-  }
-
-  template <typename index_t>
-  SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
-    return b * stride_b + h * stride_h + static_cast<int64_t>(position) * stride_s;
-  }
-};
-
-// Row offsets for paged caches laid out [num_blocks, block_size, H, D]: logical position p of
-// request b lives in slot p % block_size of block block_tables[b, p / block_size].
-template <typename index_t>
-struct PagedRows {
-  const index_t* block_tables;  // [B, max_blocks]
-  int64_t max_blocks;
-  int64_t block_size;
-  int64_t stride_block;
-  int64_t stride_slot;
-  int64_t stride_h;
-  int64_t num_blocks;
-
-  SPECDEC_HD bool valid(int64_t b, index_t position) const {
-    const int64_t p = static_cast<int64_t>(position);
-    if (p < 0 || p / block_size >= max_blocks) return false;
-    const int64_t block = static_cast<int64_t>(block_tables[b * max_blocks + p / block_size]);
-    return block >= 0 && block < num_blocks;
-  }
-
-  SPECDEC_HD int64_t offset(int64_t b, int64_t h, index_t position) const {
-    const int64_t p = static_cast<int64_t>(position);
-    const int64_t block = static_cast<int64_t>(block_tables[b * max_blocks + p / block_size]);
-    return block * stride_block + (p % block_size) * stride_slot + h * stride_h;
-  }
-};
-
-// Every cache tensor of one call (e.g. K and V of every layer), passed by value to the kernel
-// so that a single launch covers all layers without a device-side pointer table.
-constexpr int kMaxCacheTensors = 256;
-struct CacheTensorTable {
-  char* base[kMaxCacheTensors];
-};
-
-struct CompactShape {
-  int num_tensors;
-  int batch;
-  int num_heads;
-  int max_accepted;     // columns of accept_positions
-  int64_t row_bytes;    // D * element size
-  int64_t chunk_bytes;  // bytes of each row one CUDA block moves (a multiple of the vector width)
-};
-
-// Accepted rows per request that compact_kv_columns_kernel keeps in registers; calls with a
-// wider accept_positions use compact_kv_rows_kernel.
-constexpr int kCompactRegisterRows = 16;
 
 #if defined(SPECDEC_DEVICE_CODE)
 
@@ -183,10 +118,6 @@ __global__ void advance_cache_lens_kernel(index_t* __restrict__ cache_lens,
   if (b < batch) cache_lens[b] += num_accepted[b];
 }
 
-#endif  // SPECDEC_DEVICE_CODE
-
-#if defined(__CUDACC__)
-
 // One warp per request: frees every allocated block at or after the first block the new length
 // no longer needs, compacting the freed ids to the left of freed_blocks[b] with a warp ballot.
 template <typename index_t>
@@ -217,6 +148,48 @@ __global__ void rollback_paged_kernel(index_t* __restrict__ block_tables,
   if (lane == 0) cache_lens[b] = new_lens[b];
 }
 
-#endif  // __CUDACC__
+// ------------------------------------------------------------------------- launch plan
+// What cuda/kv_cache.cu launches, shared with the emulator (csrc/cuda/emulation).
+
+constexpr int kCompactThreads = 128;
+constexpr int64_t kStagingBytes = 32 * 1024;  // shared memory of compact_kv_rows_kernel
+constexpr int kAdvanceLensThreads = 256;
+constexpr int kRollbackWarps = 4;  // requests (a warp each) per block of rollback_paged_kernel
+
+// The launch of a compaction moving rows of row_bytes bytes `width` bytes at a time, for
+// `groups` = tensors * B * H row sets: the register kernel (a thread per vector column) up to
+// kCompactRegisterRows accepted rows, else the staged kernel (a CTA per row set and chunk).
+struct CompactPlan {
+  bool staged;            // compact_kv_rows_kernel
+  int64_t grid_x, grid_y;
+  int64_t chunk_bytes;    // bytes of each row one staged CTA moves
+  int64_t smem_bytes;
+};
+
+inline CompactPlan plan_compact(int64_t groups, int64_t row_bytes, int width,
+                                int64_t max_accepted) {
+  if (max_accepted <= kCompactRegisterRows) {
+    const int64_t threads = groups * (row_bytes / width);
+    return {false, ceil_div<int64_t>(threads, kCompactThreads), 1, row_bytes, 0};
+  }
+  int64_t chunk = std::min<int64_t>(row_bytes, kStagingBytes / max_accepted);
+  chunk -= chunk % width;  // 0 when max_accepted * width > kStagingBytes (the launcher refuses)
+  const int64_t chunks = chunk > 0 ? ceil_div<int64_t>(row_bytes, chunk) : 0;
+  return {true, groups, chunks, chunk, max_accepted * chunk};
+}
+
+// Calls launch(vec_t{}) with the unsigned type of `width` bytes (16: uint4, 8: uint2, ...).
+template <typename Launch>
+void dispatch_vector_width(int width, Launch&& launch) {
+  switch (width) {
+    case 16: launch(uint4{}); break;
+    case 8: launch(uint2{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    default: launch(uint8_t{}); break;
+  }
+}
+
+#endif  // SPECDEC_DEVICE_CODE
 
 }  // namespace specdec

@@ -26,8 +26,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "cuda/kernels/common.cuh"
-#include "cuda/kernels/tree.cuh"
+#include "core/common.h"
+#include "core/tree.h"
 #include "cuda/kernels/warp_mma.cuh"
 
 namespace specdec {
@@ -628,6 +628,59 @@ __global__ void tree_attention_combine_kernel(const TreeAttentionParams<scalar_t
     for (int64_t s = 0; s < used; ++s) acc = fmaf(exp2f(lse[s] - top), part[s * p.head_dim + d], acc);
     dst[d] = FloatConvert<scalar_t>::from(acc * inv_total);
   }
+}
+
+// ------------------------------------------------------------------------- launch plan
+// What cuda/tree.cu launches, shared with the emulator (csrc/cuda/emulation).
+
+constexpr int kCombineWarps = 8;  // output rows per CTA of the combine kernel
+
+// The grid of one call: the main kernel's CTAs (x) and splits (y), the combine kernel's CTAs.
+struct TreeAttentionGrid {
+  int64_t ctas;  // B * Hkv * row blocks
+  int splits;
+  int64_t combine_ctas;  // used when splits > 1
+};
+
+// Sets p's row blocks, key tile and splits for a main kernel with rows_per_cta x key_tile tiles,
+// sizing the grid to one wave of `wave_ctas` CTAs where the work allows.
+template <typename scalar_t>
+TreeAttentionGrid plan_tree_attention(TreeAttentionParams<scalar_t>& p, int rows_per_cta,
+                                      int key_tile, int64_t wave_ctas) {
+  const int64_t rows = static_cast<int64_t>(p.tokens) * p.group;
+  p.row_blocks = static_cast<int>(ceil_div<int64_t>(rows, rows_per_cta));
+  p.key_tile = key_tile;
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.kv_heads * p.row_blocks;
+  p.num_splits =
+      choose_tree_attention_splits(ctas, wave_ctas, ceil_div<int64_t>(p.capacity, key_tile));
+  const int64_t out_rows = static_cast<int64_t>(p.batch) * p.tokens * p.q_heads;
+  return {ctas, p.num_splits, ceil_div<int64_t>(out_rows, kCombineWarps)};
+}
+
+// Calls launch(kernel, rows_per_cta, key_tile, smem_bytes, tile_dim) with the main kernel for
+// these parameters (`kernel`: an integral_constant holding its address; tile_dim: the
+// tensor-core instantiation's head dim, 0 for the SIMT kernel). tensor_cores: whether the
+// device and the views allow them (sm_80+, 16-byte aligned rows).
+template <typename scalar_t, typename Launch>
+void dispatch_tree_attention(const TreeAttentionParams<scalar_t>& p, bool tensor_cores,
+                             Launch&& launch) {
+  const int tile_dim = tensor_cores ? mma_tile_dim(p.head_dim) : 0;
+  if constexpr (sizeof(scalar_t) == 2) {
+    if (tile_dim != 0) {
+      const int64_t rows = static_cast<int64_t>(p.tokens) * p.group;
+      dispatch_mma_tile(tile_dim, mma_m_tiles(tile_dim, rows), [&](auto dim, auto m_tiles) {
+        constexpr int kDim = decltype(dim)::value, kMTiles = decltype(m_tiles)::value;
+        using Config = MmaTileConfig<kDim, kMTiles>;
+        constexpr auto kernel = &tree_attention_mma_kernel<scalar_t, kDim, kMTiles>;
+        launch(std::integral_constant<decltype(kernel), kernel>{}, Config::kRows, Config::kKeys,
+               static_cast<int64_t>(Config::kSmemBytes), kDim);
+      });
+      return;
+    }
+  }
+  constexpr auto kernel = &tree_attention_simt_kernel<scalar_t>;
+  launch(std::integral_constant<decltype(kernel), kernel>{}, kSimtRows, kSimtKeys,
+         simt_smem_floats(p.head_dim) * static_cast<int64_t>(sizeof(float)), 0);
 }
 
 #endif  // SPECDEC_DEVICE_CODE

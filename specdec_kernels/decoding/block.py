@@ -1,6 +1,5 @@
-"""The engine's doorway to the op families: sampling and verification
-(:mod:`specdec_kernels.ops`, :mod:`specdec_kernels.sampling`), tree building and tree masks
-(:mod:`specdec_kernels.tree`, :mod:`specdec_kernels.models.hf_tree_attention`).
+"""The block a decoding step runs through the target, placed in the engine's cache: its
+positions and attention inputs.
 
 Every block the engine runs (prefill, drafting, chain or tree verification) is a tree to the
 model: a chain is the tree whose node ``j`` has parent ``j - 1``. Its positions and masks come
@@ -18,59 +17,17 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
+from specdec_kernels.models.hf_masks import additive_mask, prefix_valid_from_lens
 from specdec_kernels.models.hf_tree_attention import (
-    ATTENTION_NAME,
     METADATA_KWARG,
     TreeAttentionMetadata,
     block_mask_forward_kwargs,
     tree_kernel_forward_kwargs,
     tree_mask_forward_kwargs,
 )
-from specdec_kernels.sampling import SamplingParams
-from specdec_kernels.tree import (
-    prefix_valid_from_lens,
-    stack_trees,
-    tree_from_sequences,
-    unpack_tree_mask,
-)
+from specdec_kernels.tree import unpack_tree_mask
 
-__all__ = [
-    "ATTENTION_NAME",
-    "SamplingParams",
-    "all_greedy",
-    "block_forward_kwargs",
-    "block_masks",
-    "chain_parents",
-    "deferred_errors",
-    "sample",
-    "sample_with_probs",
-    "raise_deferred_errors",
-    "select_params",
-    "stack_trees",
-    "tree_from_sequences",
-    "typical_verify_tree",
-    "verify_chain",
-    "verify_tree",
-]
-
-sample = ops.sample
-sample_with_probs = ops.sample_with_probs
-verify_chain = ops.verify_chain
-verify_tree = ops.verify_tree
-deferred_errors = ops.deferred_errors
-raise_deferred_errors = ops.raise_deferred_errors
-typical_verify_tree = ops.typical_verify_tree
-
-
-def select_params(params: SamplingParams, index: Tensor) -> SamplingParams:
-    """The parameters of the requests at ``index`` (a ``[B']`` int64 tensor)."""
-    return params.select(index)
-
-
-def all_greedy(params: SamplingParams) -> bool:
-    """Whether every request decodes greedily (reads the device: call once per run)."""
-    return bool((params.temperature <= 0).all())
-
+__all__ = ["block_forward_kwargs", "block_masks", "chain_parents"]
 
 _CHAIN_CACHE: dict = {}
 
@@ -102,12 +59,6 @@ def _place_rows(mask: Tensor, starts: list, width: int) -> Tensor:
     padded = torch.cat([mask, torch.zeros_like(mask[..., :1])], -1)  # column kv_len: hidden
     index = source[:, None, None, :].expand(batch, 1, mask.shape[2], kv_len)
     return padded.gather(-1, index)
-
-
-def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """HF's additive form of a boolean mask (what eager attention adds; sdpa accepts it)."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(~mask, torch.finfo(dtype).min)
 
 
 def block_masks(parents: Tensor, extra) -> tuple[Tensor, Tensor, Tensor]:
@@ -216,7 +167,7 @@ def block_forward_kwargs(
     ragged = min(starts) != max(starts)
 
     def convert(mask):
-        return _additive(_place_rows(mask, starts, width) if ragged else mask, dtype)
+        return additive_mask(_place_rows(mask, starts, width) if ragged else mask, dtype)
 
     if isinstance(masks, dict):  # one mask per layer type; kinds may share one tensor
         done = {}

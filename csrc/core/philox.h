@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/common.cuh"
+#include "core/common.h"
 
 namespace specdec {
 

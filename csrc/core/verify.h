@@ -1,5 +1,5 @@
 // Decision logic of the verification ops, shared by the CPU kernels (csrc/verify.cpp) and the
-// CUDA kernels (kernels/sampling_kernels.cuh). No torch includes.
+// CUDA kernels (cuda/kernels/sampling_kernels.cuh). No torch includes.
 //
 // A chain of K drafts is verified as the path tree 0 -> 1 -> ... -> num_draft (node 0 is the
 // last accepted token, node i + 1 is draft i); a tree as given. Node j's target row predicts
@@ -7,7 +7,7 @@
 //
 //   Layout (ChainLayout / TreeLayout): the structure of one request: children in index order
 //     (first_child / next_sibling), parent, token of a node, whether a node exists.
-//   Row (CpuRow in csrc/sampling_cpu.h, BlockRow in kernels/sampling_kernels.cuh): one
+//   Row (CpuRow in csrc/sampling_cpu.h, TeamRow in cuda/kernels/team_row.cuh): one
 //     processed target row, with
 //       int64_t argmax() const;             float prob(int64_t x) const;        // p(x)
 //       float draft_prob(int64_t c, int64_t x) const;   // draft_probs of node c at token x
@@ -17,7 +17,7 @@
 //       bool leader() const;                // the one thread that writes shared results
 //       void publish(float* slot, float value) const;  // store visible to the whole row team
 //
-// Decision rules (u: the uniforms of kernels/philox.cuh, in [0, 1)):
+// Decision rules (u: the uniforms of core/philox.h, in [0, 1)):
 //   greedy row: a child is accepted iff its token is the row's argmax (ties to the lowest id);
 //     the path is the longest accepted root-to-node path (ties: the lowest final node index),
 //     the next token is the argmax of the last node's row.
@@ -38,8 +38,8 @@
 
 #include <cstdint>
 
-#include "cuda/kernels/philox.cuh"
-#include "cuda/kernels/sampling.cuh"
+#include "core/philox.h"
+#include "core/sampling.h"
 
 namespace specdec {
 

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cuda/kernels/common.cuh"
+#include "core/common.h"
 
 namespace specdec {
 
@@ -140,6 +140,21 @@ struct RowParams {
   SPECDEC_HD bool min_p_active() const { return min_p > 0.0f; }
   SPECDEC_HD bool filtered(int64_t vocab) const {
     return top_k_active(vocab) || top_p_active() || min_p_active();
+  }
+};
+
+// The per-request parameters of a call, [B] each, on the kernel's device.
+struct ParamPointers {
+  const float* temperature;
+  const int64_t* top_k;
+  const float* top_p;
+  const float* min_p;
+  const int64_t* seed;
+  const int64_t* offset;
+
+  SPECDEC_HD RowParams at(int64_t b) const {
+    return {temperature[b], top_k[b], top_p[b], min_p[b], static_cast<uint64_t>(seed[b]),
+            static_cast<uint64_t>(offset[b])};
   }
 };
 

@@ -1,4 +1,4 @@
-"""The machine the package runs on, and what was measured on it.
+"""What was measured on the machine the package runs on, kept per machine.
 
 Which kernels are fastest, and how a step's cost grows with its width, are properties of the
 machine: the CPU, the instruction set the package's kernels use on it (which
@@ -17,37 +17,25 @@ from __future__ import annotations
 import json
 import os
 import platform
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-__all__ = [
-    "cache_file", "cap_isa", "cpu_model", "fingerprint", "forget", "lookup", "measured", "store",
-]
-
-#: What torch's own libraries read at start-up to stay at or below an instruction set (ATen's
-#: kernels, oneDNN, MKL): with them an AVX-512 machine runs torch as an AVX2 machine would.
-TORCH_ISA_ENV = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-    "portable": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-}
+__all__ = ["cache_file", "cpu_model", "fingerprint", "forget", "lookup", "measured", "store"]
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform` knows)."""
+def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        for line in Path(cpuinfo).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def fingerprint() -> dict:
@@ -126,27 +114,3 @@ def measured(kind: str, key: dict | None, measure: Callable[[], dict]) -> dict:
         found = measure()
         store(kind, key, found)
     return found
-
-
-def cap_isa(isa: str | None) -> str:
-    """Run this process as a CPU with instruction set ``isa`` would (``"avx2"``,
-    ``"portable"``; ``"avx512"`` / ``"avx512_bf16"`` cap only the package's kernels): the
-    package's kernels through :func:`specdec_kernels.ops.cpu_isa`, torch's through
-    :data:`TORCH_ISA_ENV`, which torch reads at start-up, so the process restarts itself (same
-    command line) once with them set. Call it first thing in a command-line tool.
-
-    Returns
-    -------
-    str
-        The instruction set the package's kernels now use.
-    """
-    from specdec_kernels import ops
-
-    if isa is None:
-        return ops.cpu_isa()
-    wanted = TORCH_ISA_ENV.get(isa, {})
-    if any(os.environ.get(k) != v for k, v in wanted.items()):
-        os.environ.update(wanted)
-        os.environ["SPECDEC_CPU_ISA"] = isa
-        os.execv(sys.executable, sys.orig_argv)
-    return ops.cpu_isa(isa)

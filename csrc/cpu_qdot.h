@@ -1,0 +1,550 @@
+// Integer dot-product tiles of quantized_linear (csrc/quantized_linear.cpp): out[m, n] =
+// x[m, :] . W[n, :] with W held as groups of int8 or int4 values along K, each group with a
+// float scale (and optionally a min: w = scale * q + min), and x quantized per row to int8 in
+// blocks of 32 (llama.cpp's way: the products are exact integer sums, four bytes at a time).
+//
+// Layouts (what the loader repacks GGUF blocks into, and what the reference reads):
+//   int8: qweight [N, K] int8, signed; w = scale[g] * q + min[g].
+//   int4: qweight [N, K / 2] uint8; in each 32-value block byte j holds value j (low nibble)
+//         and value j + 16 (high nibble), both unsigned 0..15; w = scale[g] * q + min[g].
+//   scale, min: [N, K / group] float32 or float16 (group a power of two, >= 16 for int8 and
+//   >= 32 for int4).
+//
+// Batch invariance: every output element is accumulated in one fixed order that depends only
+// on K and the group: an exact integer sum over each 4-value lane of a 64-byte chunk, then
+// float32 lanes chunk after chunk (acc += float(isum) * (w_scale * x_scale)), then the fixed
+// reduction tree of cpu_simd.h, then the min term (its own fixed-order dot product over
+// groups), then the bias. Nothing depends on M, on a row's place in the batch or on threads.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "cpu_simd.h"
+
+namespace specdec {
+namespace qdot {
+
+// Activation blocks: one int8 scale per 32 values of a row.
+constexpr int kXBlock = 32;
+// Bytes of weights (and of quantized x per half) one vector step covers.
+constexpr int kChunkBytes = 64;
+// Values of K one chunk covers: 64 int8 values, or 128 int4 values (64 low + 64 high nibbles).
+constexpr int chunk_values(bool int4) { return int4 ? 128 : 64; }
+// Lanes (of 4 bytes) in a chunk.
+constexpr int kLanes = 16;
+
+// One row of x, quantized for the kernels.
+//   q: K rounded up to whole chunks, int8, in kernel order: int8 weights read it as is;
+//      int4 weights read, per chunk of 4 blocks, the 64 low-nibble partners (values 0..15 of
+//      each block) then the 64 high-nibble partners (values 16..31).
+//   lane_scale: per chunk, the x scale of each of the 16 lanes (the block its bytes belong to).
+//   group_sum: per weight group, the sum of the dequantized x values (for the min term).
+struct QuantizedRows {
+  int64_t rows = 0, K = 0, padded = 0, groups = 0;
+  bool int4 = false;
+  std::vector<int8_t> q;
+  std::vector<float> lane_scale;
+  std::vector<float> group_sum;
+
+  const int8_t* q_row(int64_t m) const { return q.data() + m * padded; }
+  const float* lane_scale_row(int64_t m) const {
+    return lane_scale.data() + m * (padded / chunk_values(int4)) * kLanes;
+  }
+  const float* group_sum_row(int64_t m) const { return group_sum.data() + m * groups; }
+};
+
+// Quantizes row `m` of x (K values): per block of 32 values (the last one may be shorter),
+// scale = amax / 127 and q = round-half-even(x * (127 / amax)), all in float32 (the
+// reference, specdec_kernels.reference.quantize_activations, does the same operations).
+template <typename T>
+void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out) {
+  const int64_t K = out.K;
+  const int cv = chunk_values(out.int4);
+  int8_t* q = out.q.data() + m * out.padded;
+  float* lanes = out.lane_scale.data() + m * (out.padded / cv) * kLanes;
+  float* sums = out.group_sum.data() + m * out.groups;
+  for (int64_t g = 0; g < out.groups; ++g) sums[g] = 0.0f;
+  for (int64_t b0 = 0; b0 < K; b0 += kXBlock) {
+    const int64_t len = std::min<int64_t>(kXBlock, K - b0);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[b0 + i])));
+    const float scale = amax / 127.0f;
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    // Where the block's values go: int8 in place; int4 low partners (values 0..15 of the
+    // block) at chunk * 128 + block * 16, high partners 64 further.
+    const int64_t block_in_chunk = (b0 % 128) / 32;
+    int8_t* low = q + (out.int4 ? (b0 / 128) * 128 + block_in_chunk * 16 : b0);
+    int8_t* high = out.int4 ? low + 64 : low + 16;
+    // Integer sums of this block's values per weight group it touches, then scaled once.
+    int32_t part = 0;
+    int64_t part_group = b0 / group;
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t k = b0 + i;
+      const float v = std::nearbyint(static_cast<float>(x[k]) * inverse);
+      const int8_t qv = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
+      if (i < 16) {
+        low[i] = qv;
+      } else {
+        high[i - 16] = qv;
+      }
+      if (k / group != part_group) {
+        sums[part_group] += static_cast<float>(part) * scale;
+        part = 0;
+        part_group = k / group;
+      }
+      part += qv;
+    }
+    sums[part_group] += static_cast<float>(part) * scale;
+    // Lane scales: int8 lane l of a chunk covers values 4l..4l+3 (block l / 8 of the chunk);
+    // int4 lane l covers block l / 4 of the chunk (low and high partners alike).
+    const int64_t block = b0 / kXBlock;
+    if (out.int4) {
+      for (int l = 0; l < 4; ++l) lanes[(block / 4) * kLanes + (block % 4) * 4 + l] = scale;
+    } else {
+      for (int l = 0; l < 8; ++l) lanes[(block / 2) * kLanes + (block % 2) * 8 + l] = scale;
+    }
+  }
+}
+
+template <typename T>
+QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t K, int64_t group, bool int4) {
+  QuantizedRows out;
+  out.rows = rows;
+  out.K = K;
+  out.int4 = int4;
+  const int cv = chunk_values(int4);
+  out.padded = (K + cv - 1) / cv * cv;
+  out.groups = K / group;
+  out.q.assign(rows * out.padded, 0);
+  out.lane_scale.assign(rows * (out.padded / cv) * kLanes, 0.0f);
+  out.group_sum.assign(rows * out.groups, 0.0f);
+  for (int64_t m = 0; m < rows; ++m) quantize_row(x + m * K, m, group, out);
+  return out;
+}
+
+// The weights of one call.
+template <typename S>
+struct QuantizedWeights {
+  const uint8_t* q;  // [N, row_bytes]
+  const S* scale;    // [N, groups]
+  const S* min;      // [N, groups] or nullptr
+  int64_t row_bytes, groups, group;
+};
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::Half v) { return static_cast<float>(v); }
+
+// One tile: rows m0 .. m0 + MR - 1 of x against weight rows n0 .. n0 + NR - 1; out rows ldo
+// apart (float32 results, written before the caller converts).
+template <typename S>
+using QTileFn = void (*)(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S>& w,
+                         int64_t n0, float* out, int64_t ldo);
+
+// The min term of one (row, weight row): sum over groups of min[g] * group_sum[g], in a fixed
+// order (8 partial sums by group mod 8, then a fixed tree).
+template <typename S>
+float min_term_portable(const S* min, const float* group_sum, int64_t groups) {
+  float part[8] = {};
+  for (int64_t g = 0; g < groups; ++g) part[g % 8] += to_float(min[g]) * group_sum[g];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+// ----------------------------------------------------------------------------- portable
+
+// Signed value v of weight row `w` (row_bytes bytes) at K index k.
+inline int32_t weight_value(const uint8_t* w, int64_t k, bool int4) {
+  if (!int4) return static_cast<int8_t>(w[k]);
+  const uint8_t byte = w[(k / 32) * 16 + (k % 16)];
+  return (k % 32) < 16 ? (byte & 0x0F) : (byte >> 4);
+}
+
+// x value of quantized row q (kernel order) at K index k.
+inline int32_t x_value(const int8_t* q, int64_t k, bool int4) {
+  if (!int4) return q[k];
+  const int64_t chunk = k / 128, in_chunk = k % 128, block = in_chunk / 32, j = in_chunk % 32;
+  return q[chunk * 128 + (j < 16 ? 0 : 64) + block * 16 + (j % 16)];
+}
+
+// Same order of float operations as the vector paths lane by lane is not required (results
+// may differ between instruction sets); this one sums per 4-value lane like them.
+template <typename S, int MR, int NR>
+void qtile_portable(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S>& w, int64_t n0,
+                    float* out, int64_t ldo) {
+  const bool int4 = x.int4;
+  const int cv = chunk_values(int4);
+  for (int mi = 0; mi < MR; ++mi) {
+    const int64_t m = m0 + mi;
+    const int8_t* q = x.q_row(m);
+    const float* lanes = x.lane_scale_row(m);
+    for (int ni = 0; ni < NR; ++ni) {
+      const int64_t n = n0 + ni;
+      const uint8_t* wr = w.q + n * w.row_bytes;
+      const S* scale = w.scale + n * w.groups;
+      float acc[kLanes] = {};
+      for (int64_t c = 0; c * cv < x.K; ++c) {
+        for (int l = 0; l < kLanes; ++l) {
+          // The 4 values lane l covers: int8 values 4l..4l+3 of the chunk; int4 block l / 4,
+          // low partners 4(l%4)..+3 and their high partners.
+          int32_t isum = 0;
+          int64_t first;
+          if (!int4) {
+            first = c * cv + 4 * l;
+            for (int i = 0; i < 4; ++i)
+              if (first + i < x.K) isum += weight_value(wr, first + i, false) * x_value(q, first + i, false);
+          } else {
+            first = c * cv + 32 * (l / 4) + 4 * (l % 4);
+            for (int i = 0; i < 4; ++i) {
+              const int64_t k = first + i;
+              if (k < x.K) {
+                isum += weight_value(wr, k, true) * x_value(q, k, true);
+                isum += weight_value(wr, k + 16, true) * x_value(q, k + 16, true);
+              }
+            }
+          }
+          if (first >= x.K) continue;
+          const float ws = to_float(scale[first / w.group]);
+          acc[l] += static_cast<float>(isum) * (ws * lanes[c * kLanes + l]);
+        }
+      }
+      // The reduction tree of simd::reduce_add (16 lanes): halves, quarters, pairs.
+      float s8[8], s4[4];
+      for (int i = 0; i < 8; ++i) s8[i] = acc[i] + acc[i + 8];
+      for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+      float sum = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+      if (w.min != nullptr) sum += min_term_portable(w.min + n * w.groups, x.group_sum_row(m), w.groups);
+      out[mi * ldo + ni] = sum;
+    }
+  }
+}
+
+#if SPECDEC_X86
+#define SPECDEC_TARGET_AVX512VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// ----------------------------------------------------------------------------- AVX-512
+
+SPECDEC_TARGET_AVX512 inline __m512 load_mins16(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_mins16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// The min term, 16 groups at a time (lane l sums groups l, l + 16, ...), then the fixed tree.
+template <typename S>
+SPECDEC_TARGET_AVX512 float min_term_avx512(const S* min, const float* group_sum, int64_t groups) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g += 16) {
+    const int64_t left = groups - g;
+    const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
+    acc = _mm512_fmadd_ps(load_mins16(min + g, mask), _mm512_maskz_loadu_ps(mask, group_sum + g), acc);
+  }
+  return simd::reduce_add(acc);
+}
+
+// Up to 4 group scales starting at p (count of them valid), as 4 floats.
+SPECDEC_TARGET_AVX512 inline __m128 load_scales4(const float* p, int count) {
+  return _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << count) - 1u), p);
+}
+SPECDEC_TARGET_AVX512 inline __m128 load_scales4(const c10::Half* p, int count) {
+  return _mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << count) - 1u), p));
+}
+
+// Lane -> index of its group among the (up to 4) groups a chunk touches.
+struct LaneGroups {
+  __m512i index;
+  int per_chunk;  // groups starting in one chunk (1 when a group spans chunks)
+};
+
+SPECDEC_TARGET_AVX512 inline LaneGroups lane_groups(int64_t group, bool int4) {
+  alignas(64) int32_t idx[kLanes];
+  const int cv = chunk_values(int4);
+  for (int l = 0; l < kLanes; ++l) {
+    const int offset = int4 ? 32 * (l / 4) : 4 * l;  // first K value of the lane in its chunk
+    idx[l] = group <= cv ? static_cast<int32_t>(offset / group) : 0;
+  }
+  return {_mm512_load_si512(idx), group <= cv ? static_cast<int>(cv / group) : 1};
+}
+
+// Integer sums of the 16 lanes: sum over the lane's 4 bytes of w * x (w unsigned, x signed).
+template <bool kVnni>
+SPECDEC_TARGET_AVX512VNNI inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i x) {
+  if constexpr (kVnni) {
+    return _mm512_dpbusd_epi32(acc, w, x);
+  } else {  // pairs into int16 (|w| <= 128, |x| <= 127: no saturation), then pairs of those
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+  }
+}
+
+template <typename S, int MR, int NR, bool kInt4, bool kVnni>
+SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
+                                            const QuantizedWeights<S>& w, int64_t n0, float* out,
+                                            int64_t ldo) {
+  constexpr int cv = chunk_values(kInt4);
+  const LaneGroups lg = lane_groups(w.group, kInt4);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
+  const int64_t chunks = x.padded / cv;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t byte0 = c * kChunkBytes;
+    const int64_t left = w.row_bytes - byte0;
+    const __mmask64 mask = left >= 64 ? ~__mmask64(0) : ((__mmask64(1) << left) - 1);
+    const int64_t g0 = (c * cv) / w.group;
+    const int count = static_cast<int>(std::min<int64_t>(lg.per_chunk, w.groups - g0));
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
+      const __m512i raw = _mm512_maskz_loadu_epi8(mask, wr);
+      const __m512 wscale = _mm512_permutexvar_ps(
+          lg.index, _mm512_castps128_ps512(load_scales4(w.scale + (n0 + n) * w.groups + g0, count)));
+      __m512i lo, hi;
+      __mmask64 negative = 0;
+      if constexpr (kInt4) {
+        lo = _mm512_and_si512(raw, low4);
+        hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      } else {  // |w| as unsigned bytes; x takes w's sign
+        lo = _mm512_abs_epi8(raw);
+        negative = _mm512_movepi8_mask(raw);
+        hi = lo;
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xq = x.q_row(m0 + m) + c * cv;
+        __m512i isum;
+        if constexpr (kInt4) {
+          isum = dot_u8s8<kVnni>(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq));
+          isum = dot_u8s8<kVnni>(isum, hi, _mm512_loadu_si512(xq + 64));
+        } else {
+          const __m512i xv = _mm512_loadu_si512(xq);
+          const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+          isum = dot_u8s8<kVnni>(_mm512_setzero_si512(), lo, signed_x);
+        }
+        const __m512 xscale = _mm512_loadu_ps(x.lane_scale_row(m0 + m) + c * kLanes);
+        acc[m][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(wscale, xscale), acc[m][n]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      float sum = simd::reduce_add(acc[m][n]);
+      if (w.min != nullptr)
+        sum += min_term_avx512(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
+      out[m * ldo + n] = sum;
+    }
+}
+
+// ----------------------------------------------------------------------------- AVX2
+
+// The min term, 8 groups at a time (lane l sums groups l, l + 8, ...; the tail zero-filled).
+template <typename S>
+SPECDEC_TARGET_AVX2 float min_term_avx2(const S* min, const float* group_sum, int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    __m256 mv;
+    if constexpr (std::is_same_v<S, float>) {
+      mv = _mm256_loadu_ps(min + g);
+    } else {
+      mv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(min + g)));
+    }
+    acc = _mm256_fmadd_ps(mv, _mm256_loadu_ps(group_sum + g), acc);
+  }
+  if (g < groups) {
+    alignas(32) float mv[8] = {}, sv[8] = {};
+    for (int64_t i = 0; g + i < groups; ++i) {
+      mv[i] = to_float(min[g + i]);
+      sv[i] = group_sum[g + i];
+    }
+    acc = _mm256_fmadd_ps(_mm256_load_ps(mv), _mm256_load_ps(sv), acc);
+  }
+  return simd::reduce_add(acc);
+}
+
+SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const float* p, int count) {
+  return count >= 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)))
+                    : _mm_load_ss(p);
+}
+SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const c10::Half* p, int count) {
+  const uint32_t bits = static_cast<uint32_t>(p[0].x) | (count >= 2 ? static_cast<uint32_t>(p[1].x) << 16 : 0u);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+}
+
+// 32 bytes of a weight row; fewer than 32 left: zero-filled.
+SPECDEC_TARGET_AVX2 inline __m256i load32(const uint8_t* p, int64_t left) {
+  if (left >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) uint8_t buffer[32] = {};
+  for (int64_t i = 0; i < left; ++i) buffer[i] = p[i];
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(buffer));
+}
+
+// A half chunk (32 weight bytes) at a time: 8 lanes of 4 values (int8: values 4l..4l+3 of
+// the 32; int4: the half's 2 blocks, lanes 0-3 the first). The lane scales and lane order are
+// those of the first or second half of the AVX-512 chunk.
+template <typename S, int MR, int NR, bool kInt4>
+SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S>& w,
+                                    int64_t n0, float* out, int64_t ldo) {
+  constexpr int cv = chunk_values(kInt4);
+  constexpr int half_values = cv / 2;
+  alignas(32) int32_t idx[8];
+  for (int l = 0; l < 8; ++l) {
+    const int offset = kInt4 ? 32 * (l / 4) : 4 * l;
+    idx[l] = w.group <= half_values ? static_cast<int32_t>(offset / w.group) : 0;
+  }
+  const __m256i lane_group = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+  const int per_half = w.group <= half_values ? static_cast<int>(half_values / w.group) : 1;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][NR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm256_setzero_ps();
+  const int64_t halves = x.padded / half_values;
+  for (int64_t h = 0; h < halves; ++h) {
+    const int64_t byte0 = h * 32;
+    if (byte0 >= w.row_bytes) break;  // padding only: zero products
+    const int64_t g0 = (h * half_values) / w.group;
+    const int count = static_cast<int>(std::min<int64_t>(per_half, w.groups - g0));
+    // Where this half's x bytes and lane scales sit in the AVX-512 chunk layout.
+    const int64_t c = h / 2, second = h % 2;
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
+      const __m256i raw = load32(wr, w.row_bytes - byte0);
+      const __m256 wscale = _mm256_permutevar8x32_ps(
+          _mm256_castps128_ps256(load_scales2(w.scale + (n0 + n) * w.groups + g0, count)), lane_group);
+      __m256i lo, hi;
+      if constexpr (kInt4) {
+        lo = _mm256_and_si256(raw, low4);
+        hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      } else {
+        lo = _mm256_abs_epi8(raw);
+        hi = raw;  // the sign source
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xq = x.q_row(m0 + m) + c * cv;
+        __m256i pairs;
+        if constexpr (kInt4) {
+          const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + second * 32));
+          const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 + second * 32));
+          // 15 * 127 * 2 per pair, twice: far from int16 saturation.
+          pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+        } else {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + second * 32));
+          pairs = _mm256_maddubs_epi16(lo, _mm256_sign_epi8(xv, hi));
+        }
+        const __m256i isum = _mm256_madd_epi16(pairs, ones);
+        const __m256 xscale = _mm256_loadu_ps(x.lane_scale_row(m0 + m) + c * kLanes + second * 8);
+        acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(wscale, xscale), acc[m][n]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) {
+      float sum = simd::reduce_add(acc[m][n]);
+      if (w.min != nullptr)
+        sum += min_term_avx2(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
+      out[m * ldo + n] = sum;
+    }
+}
+#endif  // SPECDEC_X86
+
+// ----------------------------------------------------------------------------- tile tables
+
+constexpr int kMaxRowTile = 4;
+constexpr int kWeightTile = 4;
+constexpr int kSingleRowWeightTile = 8;
+
+template <typename S>
+struct QTileTable {
+  QTileFn<S> table[kMaxRowTile][kWeightTile];
+  QTileFn<S> single[kSingleRowWeightTile];
+};
+
+template <typename S, template <int, int> class Kernel, int MR, int... NR>
+void fill_qrow(QTileFn<S>* row, std::integer_sequence<int, NR...>) {
+  ((row[NR] = Kernel<MR, NR + 1>::fn), ...);
+}
+
+template <typename S, template <int, int> class Kernel, int... MR>
+void fill_qtable(QTileTable<S>& t, std::integer_sequence<int, MR...>) {
+  (fill_qrow<S, Kernel, MR + 1>(t.table[MR], std::make_integer_sequence<int, kWeightTile>{}), ...);
+}
+
+// Kernel<MR, NR>::fn for every tile shape.
+template <typename S, template <int, int> class Kernel>
+QTileTable<S> make_qtable() {
+  QTileTable<S> t{};
+  fill_qtable<S, Kernel>(t, std::make_integer_sequence<int, kMaxRowTile>{});
+  fill_qrow<S, Kernel, 1>(t.single, std::make_integer_sequence<int, kSingleRowWeightTile>{});
+  return t;
+}
+
+template <typename S, bool kInt4>
+struct PortableQ {
+  template <int MR, int NR>
+  struct K {
+    static constexpr QTileFn<S> fn = &qtile_portable<S, MR, NR>;
+  };
+};
+
+#if SPECDEC_X86
+template <typename S, bool kInt4, bool kVnni>
+struct Avx512Q {
+  template <int MR, int NR>
+  struct K {
+    static constexpr QTileFn<S> fn = &qtile_avx512<S, MR, NR, kInt4, kVnni>;
+  };
+};
+
+template <typename S, bool kInt4>
+struct Avx2Q {
+  template <int MR, int NR>
+  struct K {
+    static constexpr QTileFn<S> fn = &qtile_avx2<S, MR, NR, kInt4>;
+  };
+};
+
+inline bool has_avx512_vnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return static_cast<bool>(__builtin_cpu_supports("avx512vnni"));
+  }();
+  return vnni;
+}
+#endif
+
+// The tiles of the best instruction set allowed (AVX-512 with VNNI where the CPU has it).
+template <typename S, bool kInt4>
+const QTileTable<S>& qtiles_for(int level) {
+  static const QTileTable<S> portable = make_qtable<S, PortableQ<S, kInt4>::template K>();
+#if SPECDEC_X86
+  static const QTileTable<S> avx2 = make_qtable<S, Avx2Q<S, kInt4>::template K>();
+  static const QTileTable<S> avx512 = make_qtable<S, Avx512Q<S, kInt4, false>::template K>();
+  static const QTileTable<S> avx512_vnni = make_qtable<S, Avx512Q<S, kInt4, true>::template K>();
+  if (level >= simd::kAvx512) return has_avx512_vnni() ? avx512_vnni : avx512;
+  if (level >= simd::kAvx2) return avx2;
+#endif
+  (void)level;
+  return portable;
+}
+
+}  // namespace qdot
+}  // namespace specdec

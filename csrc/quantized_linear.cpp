@@ -1,0 +1,144 @@
+// CPU kernel of quantized_linear: out[m, n] = x[m, :] . W[n, :] (+ bias[n]) with W held at a
+// GGUF file's precision (int8 or int4 values in groups along K with per-group scales and
+// optional mins; layouts in cpu_qdot.h) for the few rows of a decoding or verification
+// forward.
+//
+// Why integer dot products: x is quantized per row to int8 (blocks of 32, one float scale
+// each) and multiplied with vpdpbusd (AVX-512 VNNI) or vpmaddubsw (AVX2), 4 products per lane
+// and instruction. Measured on the 2-core Zen 4 (bench/RESULTS.md, 2026-03 issue-23 entry):
+// dequantizing int4 weights to float and using FMAs costs about 3x the instructions per
+// weight, which made one row compute-bound at ~2x the time the weight bytes take to stream;
+// the integer path stays at the bandwidth at M = 1 and costs less per extra row. Quantizing a
+// row depends on that row only, so the result is still batch-invariant (cpu_qdot.h).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "cpu_qdot.h"
+
+namespace specdec {
+namespace {
+
+using qdot::QuantizedRows;
+using qdot::QuantizedWeights;
+
+template <typename S>
+void qlinear_rows(const QuantizedRows& x, const QuantizedWeights<S>& w, int64_t N, float* out,
+                  const qdot::QTileTable<S>& tiles) {
+  const int64_t M = x.rows;
+  const int weight_tile = M == 1 ? qdot::kSingleRowWeightTile : qdot::kWeightTile;
+  const int64_t num_tiles = (N + weight_tile - 1) / weight_tile;
+  // Enough weight bytes per task to amortise the scheduling (~64 KB).
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, weight_tile * w.row_bytes));
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t n0 = tile * weight_tile;
+      const int nr = static_cast<int>(std::min<int64_t>(weight_tile, N - n0));
+      if (M == 1) {
+        tiles.single[nr - 1](x, 0, w, n0, out + n0, N);
+        continue;
+      }
+      // The weight tile stays in cache while every row tile passes over it.
+      for (int64_t m0 = 0; m0 < M; m0 += qdot::kMaxRowTile) {
+        const int mr = static_cast<int>(std::min<int64_t>(qdot::kMaxRowTile, M - m0));
+        tiles.table[mr - 1][nr - 1](x, m0, w, n0, out + m0 * N + n0, N);
+      }
+    }
+  });
+}
+
+bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
+                                const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                                const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "quantized_linear: x must have shape [..., K], got ", x.sizes());
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16,
+                    "quantized_linear: x must be float32 or bfloat16, got ", dtype);
+  TORCH_CHECK_VALUE(qweight.dim() == 2, "quantized_linear: qweight must have shape [N, K] (int8) "
+                    "or [N, K / 2] (uint8, packed int4), got ", qweight.sizes());
+  const bool int4 = qweight.scalar_type() == at::kByte;
+  TORCH_CHECK_VALUE(int4 || qweight.scalar_type() == at::kChar,
+                    "quantized_linear: qweight must be int8 or uint8 (packed int4), got ",
+                    qweight.scalar_type());
+  const int64_t K = x.size(-1);
+  const int64_t N = qweight.size(0);
+  TORCH_CHECK_VALUE(qweight.size(1) == (int4 ? K / 2 : K) && (!int4 || K % 2 == 0),
+                    "quantized_linear: x has shape ", x.sizes(), " but qweight (", qweight.scalar_type(),
+                    ") has shape ", qweight.sizes(), "; expected [N, ", int4 ? "K / 2" : "K", "]");
+  TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == N && scales.size(1) >= 1,
+                    "quantized_linear: scales must have shape [N, K / group] with N = ", N, ", got ",
+                    scales.sizes());
+  const auto scale_type = scales.scalar_type();
+  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
+                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
+  const int64_t groups = scales.size(1);
+  const int64_t group = K / groups;
+  const int64_t min_group = int4 ? 32 : 16;
+  TORCH_CHECK_VALUE(group * groups == K && is_power_of_two(group) && group >= min_group,
+                    "quantized_linear: scales has shape ", scales.sizes(), " for K = ", K,
+                    ": the group K / scales.size(1) must be a power of two >= ", min_group,
+                    " for ", int4 ? "int4" : "int8", " weights");
+  if (mins.has_value()) {
+    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
+                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
+    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
+                      mins->scalar_type(), " but scales has ", scale_type);
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
+                      "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
+                      bias->scalar_type(), " but x has ", dtype);
+  }
+  for (const at::Tensor* t : {&qweight, &scales}) {
+    TORCH_CHECK_VALUE(t->device() == x.device(), "quantized_linear: x is on ", x.device(),
+                      " but a weight tensor is on ", t->device());
+  }
+  TORCH_CHECK_VALUE(!mins.has_value() || mins->device() == x.device(),
+                    "quantized_linear: mins is on ", mins->device(), " but x is on ", x.device());
+  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == x.device(),
+                    "quantized_linear: bias is on ", bias->device(), " but x is on ", x.device());
+
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  int64_t M = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
+  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
+
+  const at::Tensor rows = x.reshape({M, K}).contiguous();
+  const at::Tensor q = qweight.contiguous();
+  const at::Tensor s = scales.contiguous();
+  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
+  const QuantizedRows xq =
+      dtype == at::kFloat
+          ? qdot::quantize_rows(rows.const_data_ptr<float>(), M, K, group, int4)
+          : qdot::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, group, int4);
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const int level = simd::max_level();
+  auto run = [&](auto scale_tag) {
+    using S = decltype(scale_tag);
+    const QuantizedWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),
+                                mn.defined() ? mn.const_data_ptr<S>() : nullptr, q.size(1), groups, group};
+    const auto& tiles = int4 ? qdot::qtiles_for<S, true>(level) : qdot::qtiles_for<S, false>(level);
+    qlinear_rows(xq, w, N, out.mutable_data_ptr<float>(), tiles);
+  };
+  if (scale_type == at::kFloat) {
+    run(float{});
+  } else {
+    run(c10::Half{});
+  }
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
+  return out.to(dtype).view(out_sizes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("quantized_linear", &quantized_linear_cpu); }
+
+}  // namespace specdec

@@ -1,0 +1,146 @@
+"""GGUF blocks repacked exactly into quantized_linear's formats (against the gguf package's own
+dequantization), the default model at its file's precision (weights bit-identical to the
+float32 conversion, logits within the activation-quantization tolerance, lossless speculative
+greedy decoding, resident size), and bad input."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from python_tests.decoding_helpers import default_model_missing
+from specdec_kernels.models.gguf_weights import REPACKED_TYPES, repack
+from specdec_kernels.models.quantized_weight import QuantizedWeight, resident_bytes
+
+# Bytes per block and where its fp16 fields sit (set to finite values: random bytes would
+# give NaN/Inf scales).
+BLOCKS = {"Q8_0": (34, [0]), "Q4_0": (18, [0]), "Q4_1": (20, [0, 2]),
+          "Q5_0": (22, [0]), "Q5_1": (24, [0, 2]), "Q4_K": (144, [0, 2]),
+          "Q5_K": (176, [0, 2]), "Q6_K": (210, [208])}
+
+
+def random_blocks(kind, rows, columns, seed=0):
+    import gguf
+
+    size, halves = BLOCKS[kind]
+    values_per_block = 256 if kind.endswith("_K") else 32
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows, columns // values_per_block, size), dtype=np.uint8)
+    for at in halves:
+        d = rng.uniform(-0.05, 0.05, raw.shape[:2]).astype(np.float16)
+        raw[..., at : at + 2] = d.view(np.uint8).reshape(*raw.shape[:2], 2)
+    qtype = gguf.GGMLQuantizationType[kind]
+    tensor = SimpleNamespace(tensor_type=qtype, shape=np.array([columns, rows]),
+                             data=raw.reshape(rows, -1))
+    return tensor, gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_repack_is_exact(kind):
+    tensor, want = random_blocks(kind, rows=3, columns=512)
+    weight = repack(tensor)
+    assert isinstance(weight, QuantizedWeight) and weight.shape == (3, 512)
+    _, bits, group = REPACKED_TYPES[kind]
+    assert weight.group == group
+    assert (weight.qweight.dtype == torch.uint8) == (bits == 4)
+    assert torch.equal(weight.dequantize(), torch.from_numpy(want.astype(np.float32)))
+
+
+def test_dense_types_stay_dense():
+    import gguf
+
+    data = np.arange(6, dtype=np.float32)
+    tensor = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32, shape=np.array([6]), data=data)
+    out = repack(tensor)
+    assert not isinstance(out, QuantizedWeight) and out.tolist() == data.tolist()
+
+
+def test_bad_weights_mode():
+    from specdec_kernels.models import load_model
+
+    with pytest.raises(ValueError, match="weights must be one of"):
+        load_model("default", weights="int3")
+
+
+# ---------------------------------------------------------------------------- default model
+
+pytestmark_default = pytest.mark.skipif(default_model_missing() is not None,
+                                        reason=f"needs the bundled default model: {default_model_missing()}")
+
+
+@pytest.fixture(scope="module")
+def file_precision():
+    from specdec_kernels.models import load_model
+
+    return load_model("default", weights="file")
+
+
+@pytestmark_default
+@pytest.mark.default_model
+def test_default_model_weights_are_the_files(file_precision, loaded):
+    """Every quantized weight dequantizes bit for bit to the float32 conversion's weight."""
+    model = file_precision.model
+    dense = dict(loaded.model.named_parameters())
+    quantized = {n: b for n, b in model.named_buffers() if isinstance(b, QuantizedWeight)}
+    assert len(quantized) == 211  # 30 layers x 7 linears + the Q8_0 embedding (tied LM head)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    for name, weight in quantized.items():
+        assert torch.equal(weight.dequantize(), dense[name]), name
+    # Resident: the file's blocks (Q4_1 / Q8_0, fp16 scales) and the fp32 norms; no fp32 copy.
+    assert resident_bytes(model) < 100e6 < resident_bytes(loaded.model) / 5
+
+
+PROMPT = ("Write a short story about a robot who learns to paint. The robot lives in a small "
+          "town by the sea and every morning it watches the fishermen leave the harbour.")
+
+
+@pytestmark_default
+@pytest.mark.default_model
+def test_default_model_logits_within_tolerance(file_precision, loaded):
+    """Same weights; only the activations' int8 quantization (blocks of 32) differs: logits
+    within 10% of their largest magnitude, and the same top-1 token wherever the float32
+    model's top two logits are more than 1.0 apart."""
+    ids = torch.tensor([file_precision.tokenizer(PROMPT)["input_ids"]])
+    with torch.inference_mode():
+        got = file_precision.model(ids).logits[0]
+        want = loaded.model(ids).logits[0]
+    assert (got - want).abs().max() <= 0.1 * want.abs().max()
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 1.0
+    assert clear.sum() >= 10
+    assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+@pytestmark_default
+@pytest.mark.default_model
+@pytest.mark.parametrize("drafter", ["prompt-lookup", "self-speculative", "quantized-self"])
+def test_speculative_greedy_equals_plain_greedy(file_precision, drafter):
+    from specdec_kernels.decoding import generate
+    from specdec_kernels.decoding.api import make_drafter
+
+    prompts = [PROMPT, "List three colours of the rainbow and repeat them twice."]
+    plain = generate(file_precision.model, prompts, tokenizer=file_precision.tokenizer,
+                     max_new_tokens=24, drafter=None)
+    spec = generate(file_precision.model, prompts, tokenizer=file_precision.tokenizer,
+                    max_new_tokens=24, drafter=make_drafter(drafter))
+    assert spec.tokens == plain.tokens
+
+
+@pytestmark_default
+@pytest.mark.default_model
+@pytest.mark.parametrize("options", [dict(bits=4, group=32), dict(bits=8, group=16), dict(gguf=True)])
+def test_quantized_self_on_the_float32_target(loaded, options):
+    """The compressed prophet (an int4/int8 copy, or the GGUF file's own weights) drafting for
+    the float32 target: the target's own greedy output."""
+    from specdec_kernels.decoding import QuantizedSelfDrafter, generate
+    from specdec_kernels.models import default_gguf_path
+
+    if options.get("gguf"):
+        options = dict(gguf=str(default_gguf_path()))
+    prompts = [PROMPT]
+    plain = generate(loaded.model, prompts, tokenizer=loaded.tokenizer, max_new_tokens=24)
+    out = generate(loaded.model, prompts, tokenizer=loaded.tokenizer, max_new_tokens=24,
+                   drafter=QuantizedSelfDrafter(num_draft=3, **options))
+    assert out.tokens == plain.tokens
+    assert out.stats.tau > 1.5  # it agrees with the target most of the time

@@ -1,0 +1,233 @@
+"""Weights held at a GGUF file's precision inside an unmodified Hugging Face model.
+
+A :class:`QuantizedWeight` stands where an ``nn.Linear`` or ``nn.Embedding`` keeps its
+``weight``: it reports the logical shape ``[N, K]``, dtype and device of the dense weight but
+holds only the operands of :func:`specdec_kernels.ops.quantized_linear` (int8 or packed int4
+values, per-group scales and mins). ``F.linear`` on it runs that kernel, ``F.embedding``
+dequantizes just the looked-up rows; any other use dequantizes (correct, slow, never on the
+decoding path). No model class is patched: the weight tensors are swapped, and the engine's
+``TorchFunctionMode`` (:class:`~specdec_kernels.decoding.cpu_matmul.SmallBatchLinear`) is the
+doorway the forwards go through.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "QuantizedWeight",
+    "quantize_model",
+    "quantize_weight",
+    "resident_bytes",
+    "set_weight",
+]
+
+
+class QuantizedWeight(Tensor):
+    """A dense ``[N, K]`` weight held as :func:`~specdec_kernels.ops.quantized_linear` operands.
+
+    Parameters
+    ----------
+    qweight : Tensor
+        ``[N, K]`` int8 or ``[N, K / 2]`` uint8 (packed int4, see the op).
+    scales : Tensor
+        ``[N, K / G]`` float32 or float16.
+    mins : Tensor, optional
+        Like ``scales``.
+    dtype : torch.dtype
+        The dtype the weight presents (the activations' dtype): float32 or bfloat16.
+    kind : str
+        Where the values came from (``"Q4_1"``, ``"int4/g32"``, ...), for reports.
+    """
+
+    @staticmethod
+    def __new__(cls, qweight: Tensor, scales: Tensor, mins: Tensor | None = None, *,
+                dtype: torch.dtype = torch.float32, kind: str = ""):
+        columns = qweight.shape[1] * (2 if qweight.dtype == torch.uint8 else 1)
+        return Tensor._make_wrapper_subclass(
+            cls, (qweight.shape[0], columns), dtype=dtype, device=qweight.device,
+            requires_grad=False,
+        )
+
+    def __init__(self, qweight, scales, mins=None, *, dtype=torch.float32, kind=""):
+        self.qweight = qweight
+        self.scales = scales
+        self.mins = mins
+        self.kind = kind
+
+    def __repr__(self):
+        return (f"QuantizedWeight({self.kind or self.qweight.dtype}, shape={tuple(self.shape)}, "
+                f"group={self.group}, dtype={self.dtype})")
+
+    @property
+    def group(self) -> int:
+        """Values per scale along K."""
+        return self.shape[1] // self.scales.shape[1]
+
+    @property
+    def nbytes_resident(self) -> int:
+        """Bytes held: values, scales and mins."""
+        parts = [self.qweight, self.scales] + ([self.mins] if self.mins is not None else [])
+        return sum(p.numel() * p.element_size() for p in parts)
+
+    def linear(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        """``x @ W.T + bias`` through the quantized kernel (``x`` in this weight's dtype)."""
+        from specdec_kernels import ops
+
+        return ops.quantized_linear(x, self.qweight, self.scales, self.mins, bias)
+
+    def dequantize(self, rows: Tensor | None = None) -> Tensor:
+        """The dense weight (or only ``rows`` of it) in this weight's dtype."""
+        from specdec_kernels.reference import dequantize_weight
+
+        if rows is None:
+            return dequantize_weight(self.qweight, self.scales, self.mins).to(self.dtype)
+        mins = None if self.mins is None else self.mins[rows]
+        return dequantize_weight(self.qweight[rows], self.scales[rows], mins).to(self.dtype)
+
+    def _with(self, **changes) -> "QuantizedWeight":
+        parts = dict(qweight=self.qweight, scales=self.scales, mins=self.mins)
+        device = changes.pop("device", None)
+        if device is not None:
+            parts = {k: None if v is None else v.to(device) for k, v in parts.items()}
+        return QuantizedWeight(parts["qweight"], parts["scales"], parts["mins"],
+                               dtype=changes.get("dtype", self.dtype), kind=self.kind)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if isinstance(weight, QuantizedWeight) and not isinstance(x, QuantizedWeight):
+                return weight.linear(x, bias)
+        if func is F.embedding:
+            ids, weight = args[0], args[1]
+            if isinstance(weight, QuantizedWeight) and not kwargs.get("max_norm"):
+                flat = ids.reshape(-1)
+                return weight.dequantize(flat).view(*ids.shape, weight.shape[1])
+        if func is Tensor.to and isinstance(args[0], QuantizedWeight):
+            device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            self = args[0]
+            changes = {}
+            if device is not None and torch.device(device) != self.device:
+                changes["device"] = device
+            if dtype is not None and dtype != self.dtype:
+                changes["dtype"] = dtype
+            return self._with(**changes) if changes else self
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+            return args[0]
+
+        def dense(value):
+            return value.dequantize() if isinstance(value, QuantizedWeight) else value
+
+        args = torch.utils._pytree.tree_map(dense, args)
+        kwargs = torch.utils._pytree.tree_map(dense, kwargs)
+        return func(*args, **kwargs)
+
+
+def set_weight(module: nn.Module, weight: Tensor, name: str = "weight") -> None:
+    """Put ``weight`` (a :class:`QuantizedWeight` or a dense tensor) where ``module`` keeps its
+    ``name`` parameter: quantized weights become buffers (they are not trainable), dense ones
+    parameters."""
+    if name in module._parameters:
+        del module._parameters[name]
+    if name in module._buffers:
+        del module._buffers[name]
+    if isinstance(weight, QuantizedWeight):
+        module.register_buffer(name, weight, persistent=False)
+    else:
+        module.register_parameter(name, nn.Parameter(weight, requires_grad=False))
+
+
+def quantize_weight(weight: Tensor, bits: int, group: int) -> QuantizedWeight:
+    """Quantize a dense ``[N, K]`` weight in groups of ``group`` values along K.
+
+    ``bits=4``: asymmetric (``Q4_1``-like: ``scale = (max - min) / 15``, ``min``), values
+    0..15 packed as :func:`~specdec_kernels.ops.quantized_linear` reads them. ``bits=8``:
+    symmetric (``Q8_0``-like: ``scale = amax / 127``). Scales and mins are float16.
+
+    Raises
+    ------
+    ValueError
+        ``bits`` not 4 or 8, or ``group`` not a power of two (>= 32 for 4 bits, >= 16 for 8)
+        dividing K.
+    """
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    n, k = weight.shape
+    smallest = 32 if bits == 4 else 16
+    if group < smallest or group & (group - 1) or k % group:
+        raise ValueError(
+            f"group must be a power of two >= {smallest} dividing K = {k} for {bits}-bit "
+            f"weights, got {group}"
+        )
+    w = weight.detach().float().view(n, k // group, group)
+    if bits == 8:
+        amax = w.abs().amax(-1)
+        scales = (amax / 127).half()
+        inverse = torch.where(scales > 0, 1 / scales.float(), torch.zeros_like(amax))
+        q = torch.round(w * inverse[..., None]).clamp(-127, 127).to(torch.int8).view(n, k)
+        return QuantizedWeight(q, scales, None, dtype=weight.dtype, kind=f"int8/g{group}")
+    low, high = w.amin(-1), w.amax(-1)
+    scales = ((high - low) / 15).half()
+    mins = low.half()
+    inverse = torch.where(scales > 0, 1 / scales.float(), torch.zeros_like(low))
+    q = torch.round((w - mins.float()[..., None]) * inverse[..., None]).clamp(0, 15).to(torch.uint8)
+    return QuantizedWeight(pack_int4(q.view(n, k)), scales, mins, dtype=weight.dtype,
+                           kind=f"int4/g{group}")
+
+
+def pack_int4(values: Tensor) -> Tensor:
+    """``[N, K]`` values 0..15 to the packed ``[N, K / 2]`` uint8 layout (per block of 32:
+    byte ``j`` = value ``j`` | value ``j + 16`` << 4)."""
+    n, k = values.shape
+    blocks = values.to(torch.uint8).view(n, k // 32, 2, 16)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def quantize_model(model: nn.Module, bits: int, group: int) -> nn.Module:
+    """Every ``nn.Linear`` weight of ``model`` (in place) replaced by its :func:`quantize_weight`;
+    tied weights stay tied (one quantized copy). Embeddings and norms are untouched.
+
+    Linears whose K is not a multiple of ``group`` keep their dense weight.
+    """
+    done: dict = {}
+    for module in model.modules():
+        if not isinstance(module, nn.Linear) or isinstance(module.weight, QuantizedWeight):
+            continue
+        weight = module.weight
+        if weight.shape[1] % group:
+            continue
+        key = id(weight)
+        if key not in done:
+            done[key] = quantize_weight(weight, bits, group)
+        set_weight(module, done[key])
+    return model
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each tensor counted once (tied weights and
+    views of one storage alike); quantized weights count what they hold."""
+    seen: set = set()
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if isinstance(tensor, QuantizedWeight):
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.nbytes_resident
+            continue
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor.untyped_storage().nbytes()
+    return total
