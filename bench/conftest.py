@@ -33,3 +33,11 @@ def record_bandwidth(benchmark, bytes_moved):
     median = benchmark.stats.stats.median
     benchmark.extra_info["bytes"] = bytes_moved
     benchmark.extra_info["GB/s"] = round(bytes_moved / median / 1e9, 2)
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """Name what the figures depend on beyond the CPU: the instruction set of the package's
+    kernels and of torch's, threads, torch version."""
+    from specdec_kernels.bench import machine
+
+    machine_info["specdec"] = machine.machine_info()

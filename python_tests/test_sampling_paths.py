@@ -64,6 +64,27 @@ def test_every_path_matches_reference(device, gen, dtype, vocab):
     check_sample(logits, path_params(names, device), offset)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_every_cpu_code_path_matches_reference(cpu_isa, gen, dtype):
+    """The CPU kernels' row passes on each instruction set (vector bodies and short tails):
+    sampling on every filter path, and chains verified greedily and by sampling (with
+    rejections, so residual sums and draws run)."""
+    names = list(PATHS) * 2
+    logits = (3.0 * torch.randn(len(names), 4099, generator=gen)).to(dtype)
+    logits[1, 7] = float("nan")  # a bad row is reported, not sampled
+    offset = torch.randint(0, 2**40, (len(names),), generator=gen)
+    with pytest.raises(ValueError, match="NaN"):
+        ops.sample(logits, path_params(names, "cpu"), offset)
+    logits[1, 7] = 0.0
+    check_sample(logits, path_params(names, "cpu"), offset)
+    drafts, num_draft, chain, probs = random_chain(6, 4, 5003, dtype, gen, accept_bias=0.5)
+    for params in [random_params(6, gen, greedy_fraction=0.5), SamplingParams.create(6)]:
+        for q in [probs, None]:
+            got = ops.verify_chain(drafts, num_draft, chain, q, params)
+            want = reference.verify_chain(drafts, num_draft, chain, q, params)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_bf16_weight_table_window(device, gen):
     """bf16 rows long enough for the weight table, with logits inside its window [2^-8, 2^8) in
     magnitude and outside it (large, tiny, zero, -inf): table and direct weights agree."""

@@ -13,25 +13,11 @@ DTYPES = [torch.float32, torch.bfloat16]
 # Odd sizes: K not a multiple of any vector width, N not a multiple of the weight tile.
 SHAPES = [(1, 1, 1), (1, 7, 5), (2, 13, 37), (3, 33, 16), (5, 129, 95), (8, 64, 577),
           (17, 19, 1031), (32, 40, 64), (33, 9, 70)]
-ISAS = ["portable", "avx2", "avx512", "avx512_bf16"]
 
 
 def tolerance(dtype, k):
     # float32 accumulation of k products; bfloat16 output is rounded to 8 bits.
     return dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5 * k ** 0.5)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    """Run a test under each CPU instruction-set cap this machine allows (then lift it)."""
-    want = request.param
-    got = ops.cpu_isa(want)
-    try:
-        if got != want:
-            pytest.skip(f"this CPU has no {want} (best: {got})")
-        yield want
-    finally:
-        ops.cpu_isa("none")
 
 
 def operands(m, n, k, dtype, device, gen, bias=True):
@@ -54,7 +40,7 @@ def test_matches_reference(device, m, n, k, dtype, bias, gen):
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_cpu_path_matches_reference(isa, m, n, k, dtype, gen):
+def test_every_cpu_path_matches_reference(cpu_isa, m, n, k, dtype, gen):
     x, w, b = operands(m, n, k, dtype, "cpu", gen)
     got = ops.small_batch_linear(x, w, b)
     torch.testing.assert_close(got.float(), reference.small_batch_linear(x, w, b).float(),
@@ -66,7 +52,7 @@ ROWS = 300  # crosses the 128-row passes
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", [5, 64, 577, 1536])
-def test_batch_invariant(isa, dtype, k, gen):
+def test_batch_invariant(cpu_isa, dtype, k, gen):
     """Each row is bit-identical alone, in any batch (2 .. 300 rows) and at any position."""
     n = 67
     x, w, b = operands(ROWS, n, k, dtype, "cpu", gen)
@@ -152,8 +138,12 @@ def test_mode_routes_cpu_linears(gen):
     with SmallBatchLinear():
         routed = F.linear(x, w, b)
         half = F.linear(x.half(), w.half())  # not a supported dtype: torch
-    with SmallBatchLinear(max_rows=3):
-        unrouted = F.linear(x, w, b)  # beyond max_rows: torch's GEMM
+    with SmallBatchLinear(gemm_rows=4):
+        unrouted = F.linear(x, w, b)  # gemm_rows and more: torch's GEMM
+        small = F.linear(x[:3], w, b)
     assert torch.equal(routed, ops.small_batch_linear(x, w, b))
     torch.testing.assert_close(unrouted, F.linear(x, w, b))
+    assert torch.equal(small, ops.small_batch_linear(x[:3], w, b))
     assert half.dtype == torch.float16
+    with pytest.raises(ValueError, match="gemm_rows"):
+        SmallBatchLinear(gemm_rows=1)

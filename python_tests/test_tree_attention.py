@@ -398,17 +398,6 @@ def test_rejects_mixed_devices():
 # ----------------------------------------------------------------------------- batch invariance
 
 
-@pytest.fixture(params=["portable", "avx2", "avx512"])
-def cpu_isa(request):
-    got = ops.cpu_isa(request.param)
-    try:
-        if got != request.param:
-            pytest.skip(f"this CPU has no {request.param} (best: {got})")
-        yield got
-    finally:
-        ops.cpu_isa("none")
-
-
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("heads", [(4, 4, 16), (9, 3, 64), (12, 2, 80), (32, 1, 8)])
 def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, gen):
@@ -433,3 +422,27 @@ def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, gen):
         alone = ops.tree_attention(q[:, j : j + 1], k[:, :, keep], v[:, :, keep],
                                    torch.tensor([prefix + len(path) - 1]), root_only)
         assert torch.equal(alone[0, 0], tree_out[0, j]), j
+
+
+def test_cpu_vector_paths_agree(gen):
+    """The AVX2 and AVX-512 forms of the CPU kernel do the same operations per row in the same
+    order: their outputs are identical (fewer and more than 8 rows per KV head, head dims
+    that are not a multiple of the vector width)."""
+    if ops.cpu_isa() not in ("avx512", "avx512_bf16"):
+        pytest.skip("needs a CPU with AVX-512 (to run both paths)")
+    prefix, nodes = 45, 7
+    parents = random_parents(nodes, gen)
+    masks = reference.build_tree_masks(torch.tensor([parents]), torch.tensor([prefix]))
+    for q_heads, kv_heads, head_dim in [(9, 3, 64), (12, 2, 80), (32, 4, 20)]:
+        q = torch.randn(1, nodes, q_heads, head_dim, generator=gen)
+        k = torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen)
+        v = torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen)
+        args = (q, k, v, torch.tensor([prefix]), masks.packed_mask)
+        out = {}
+        try:
+            for isa in ("avx2", "avx512"):
+                ops.cpu_isa(isa)
+                out[isa] = ops.tree_attention(*args)
+        finally:
+            ops.cpu_isa("none")
+        assert torch.equal(out["avx2"], out["avx512"]), (q_heads, kv_heads, head_dim)

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
         draft_model=draft.model if draft else None,
         draft_tokenizer=draft.tokenizer if draft else None,
         exit_layer=args.exit_layer, drafter_options=options,
-        cpu_kernels=not args.torch_kernels,
+        cpu_kernels=False if args.torch_kernels else None,
         medusa_heads=args.medusa_heads, medusa_cost_curve=args.medusa_cost_curve,
         gguf_path=_gguf_path(args.target),
         memory_tokens=args.memory_tokens if repeated else None,
@@ -213,7 +213,9 @@ def run(args: argparse.Namespace) -> dict:
         "repeats": args.repeats,
         "batch_size": args.batch_size,
         "temperature": args.temperature,
-        "cpu_kernels": not args.torch_kernels,
+        "cpu_kernels": next(
+            (m.kernels for m in methods.values() if getattr(m, "kernels", None)), {}
+        ),
         "methods": {name: METHOD_DESCRIPTIONS[name] for name in methods},
         "method_settings": {n: getattr(m, "settings", {}) for n, m in methods.items()},
         "date": time.strftime("%Y-%m-%d"),

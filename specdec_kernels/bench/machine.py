@@ -5,22 +5,25 @@ slower on another CPU (AVX-512 against AVX2), so a figure without its machine mi
 
 from __future__ import annotations
 
+import os
 import platform
-from pathlib import Path
+import sys
 
-__all__ = ["cpu_model", "machine_info", "machine_line"]
+from specdec_kernels.decoding.machine_cache import cpu_model
 
+__all__ = ["ISA_CHOICES", "TORCH_ISA_ENV", "cap_isa", "cpu_model", "machine_info", "machine_line"]
 
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+#: What torch's own libraries read at start-up to stay at or below an instruction set (ATen's
+#: kernels, oneDNN, MKL): with them an AVX-512 machine runs torch as an AVX2 machine would.
+TORCH_ISA_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "portable": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                 "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+#: The ``--isa`` choices of the benchmark commands (see :func:`cap_isa`).
+ISA_CHOICES = ["avx2", "avx512", "avx512_bf16", "portable"]
 
 
 def machine_info(device: str = "cpu") -> dict:
@@ -56,3 +59,27 @@ def machine_line(config: dict) -> str:
         parts.insert(0, f"GPU {config['gpu']}")
     parts.append(f"torch {config.get('torch')}, transformers {config.get('transformers')}")
     return "Machine: " + "; ".join(parts)
+
+
+def cap_isa(isa: str | None) -> str:
+    """Run this process as a CPU with instruction set ``isa`` would (``"avx2"``,
+    ``"portable"``; ``"avx512"`` / ``"avx512_bf16"`` cap only the package's kernels): the
+    package's kernels through :func:`specdec_kernels.ops.cpu_isa`, torch's through
+    :data:`TORCH_ISA_ENV`, which torch reads at start-up, so the process restarts itself (same
+    command line) once with them set. Call it first thing in a command-line tool.
+
+    Returns
+    -------
+    str
+        The instruction set the package's kernels now use.
+    """
+    from specdec_kernels import ops
+
+    if isa is None:
+        return ops.cpu_isa()
+    wanted = TORCH_ISA_ENV.get(isa, {})
+    if any(os.environ.get(k) != v for k, v in wanted.items()):
+        os.environ.update(wanted)
+        os.environ["SPECDEC_CPU_ISA"] = isa
+        os.execv(sys.executable, sys.orig_argv)
+    return ops.cpu_isa(isa)

@@ -194,6 +194,7 @@ class OursMethod:
         self.memory = memory
         self.generate_kwargs = generate_kwargs
         self.settings: dict = {}
+        self.kernels: dict = {}  # which kernels the last run's target forwards used
 
     def reset(self) -> None:
         """Forget what earlier runs left in the memory (if any)."""
@@ -226,6 +227,7 @@ class OursMethod:
             counter.close()
         stats = out.stats
         self.settings = dict(stats.drafter)
+        self.kernels = dict(stats.kernels)
         return RunRecord(
             out.tokens,
             seconds,

@@ -190,6 +190,15 @@ def _categories_in_order(figures: dict) -> list:
     return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
 
 
+def _kernels_note(kernels) -> str:
+    """``, ours on the package kernels (avx2)`` from the run's kernel choice, if recorded."""
+    if not isinstance(kernels, dict) or kernels.get("isa", "-") == "-":
+        return ""
+    gemm = kernels.get("prefill_gemm_rows")
+    prefill = f", prefill linears of >= {gemm} rows on torch's GEMM" if gemm else ""
+    return f", ours on the {kernels['path']} kernels ({kernels['isa']}{prefill})"
+
+
 def _flagged_lines(outliers: list) -> list:
     """The flagged runs (see :func:`find_outliers`) as a Markdown table."""
     if not outliers:
@@ -220,6 +229,7 @@ def markdown(figures: dict, config: dict, outliers: list = ()) -> str:
         f"{config['prompts']} prompts, {config['max_new_tokens']} new tokens, "
         f"{config['repeats']} repeat(s), batch size {config.get('batch_size', 1)}, "
         + ("greedy" if config["temperature"] == 0 else f"sampling T={config['temperature']}")
+        + _kernels_note(config.get("cpu_kernels"))
         + f", {config.get('date', 'undated')}. Command: `{config['command']}`",
         "",
         machine_line(config),

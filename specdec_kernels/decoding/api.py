@@ -336,10 +336,12 @@ def generate(
         ``drafter="draft-model"``.
     cpu_kernels : bool, optional
         On CPU, run the forwards through the package's batch-invariant kernels (small-batch
-        linear and tree attention; default on): verifying ``K`` tokens costs about one, and
-        yields exactly the logits one-token decoding would. Their rounding differs from
-        torch's, so where two tokens nearly tie, greedy output can differ from HF ``generate``
-        (never from this package's own autoregressive decoding).
+        linear and tree attention): verifying ``K`` tokens costs about one, and yields exactly
+        the logits one-token decoding would. Their rounding differs from torch's, so where two
+        tokens nearly tie, greedy output can differ from HF ``generate`` (never from this
+        package's own autoregressive decoding). Default: where they measure faster than
+        torch's on this machine (``stats.kernels`` says which ran; see
+        :mod:`~specdec_kernels.decoding.kernel_choice`).
     truncate_prompt : bool
         A prompt that does not fit the model's context (``max_position_embeddings``)
         together with its ``max_new_tokens`` keeps its last tokens (the start of the chat

@@ -12,8 +12,9 @@ while it is active; the engine enables it around its own CPU forwards. That kern
 weight row once for all rows and reduces every output element in one fixed order, so a row's
 result is bit-identical whatever the number of rows: with the tree-attention kernel, a
 verification forward over K tokens yields exactly the logits that one-token decoding would.
-Measured here it is also as fast as torch's GEMM for prefill-sized batches (128 to 512 rows,
-2 threads), so every linear goes through it and prefill is batch-invariant too.
+Prefill forwards need no batch invariance: from some hundred rows on, torch's GEMM can be
+faster, and :class:`SmallBatchLinear` leaves linears of that many rows to it (``gemm_rows``,
+measured per machine by :mod:`~specdec_kernels.decoding.kernel_choice`).
 
 Weights at a GGUF file's precision (:class:`~specdec_kernels.models.quantized_weight.QuantizedWeight`,
 loaded by ``load_model(..., weights="file")``) go through the same doorway to
@@ -57,13 +58,16 @@ class SmallBatchLinear(TorchFunctionMode):
 
     Parameters
     ----------
-    max_rows : int, optional
-        Leave linears with more rows to torch (default: none left).
+    gemm_rows : int, optional
+        Leave linears of at least this many rows to torch's GEMM (default: none left). Only
+        for forwards whose rows need not be batch-invariant (prefill).
     """
 
-    def __init__(self, max_rows: int | None = None):
+    def __init__(self, gemm_rows: int | None = None):
         super().__init__()
-        self.max_rows = max_rows
+        if gemm_rows is not None and gemm_rows < 2:
+            raise ValueError(f"gemm_rows must be >= 2 or None, got {gemm_rows}")
+        self.max_rows = None if gemm_rows is None else gemm_rows - 1
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

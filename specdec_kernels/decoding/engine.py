@@ -140,8 +140,9 @@ class Engine:
     tokenizer : optional
         The target's tokenizer (for stop strings and drafter compatibility checks).
     cpu_kernels : bool, optional
-        The package's batch-invariant CPU kernels for the forwards (default: on for CPU models);
-        see :class:`~specdec_kernels.decoding.runner.ModelRunner` (drafter models follow).
+        The package's batch-invariant CPU kernels for the forwards (default: where they
+        measure faster than torch's on this machine; ``stats.kernels`` says which ran); see
+        :class:`~specdec_kernels.decoding.runner.ModelRunner` (drafter models follow).
     """
 
     def __init__(
@@ -223,7 +224,8 @@ class Engine:
         batch = len(prompts)
         device = self.runner.device
         stats = RunStats(
-            method=self.drafter.name, drafter=self.drafter.describe(), batch_size=batch
+            method=self.drafter.name, drafter=self.drafter.describe(), batch_size=batch,
+            kernels=self.runner.kernels.describe(),
         )
         capacity = max(len(p) for p in prompts) + max(stop.max_new_tokens)
         capacity += self.drafter.max_block_width()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec_kernels.decoding import kernel_choice
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
@@ -121,20 +122,26 @@ class ModelRunner:
         Any ``AutoModelForCausalLM`` with attention layers that call ``Cache.update`` (Llama,
         Qwen2, Mistral, Gemma3, ... families). Not modified.
     cpu_kernels : bool, optional
-        On a CPU model, run the forwards through the package's batch-invariant kernels: linears
-        of up to 32 rows through :func:`~specdec_kernels.ops.small_batch_linear` (see
-        :mod:`~specdec_kernels.decoding.cpu_matmul`) and attention through the tree-attention
-        kernel, so that verifying ``T`` tokens costs little more than one and yields exactly
-        the logits of one-token decoding. Default: on for CPU models. From the first forward
-        until :meth:`release`, the model's attention implementation is
-        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves as sdpa
-        in forwards without tree metadata); a model that cannot switch keeps the 4-D mask path.
+        On a CPU model, run the decoding and verification forwards through the package's
+        batch-invariant kernels: linears through :func:`~specdec_kernels.ops.small_batch_linear`
+        (see :mod:`~specdec_kernels.decoding.cpu_matmul`) and attention through the
+        tree-attention kernel, so that verifying ``T`` tokens costs little more than one and
+        yields exactly the logits of one-token decoding. Prefill forwards (:meth:`append`) send
+        their large linears to torch's GEMM where it measures faster. Default (None): where
+        the package's kernels measure faster than torch's on this machine
+        (:mod:`~specdec_kernels.decoding.kernel_choice`; :attr:`kernels` says which path and
+        why). From the first forward until :meth:`release`, the model's attention
+        implementation is
+        :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves
+        as sdpa in forwards without tree metadata); a model that cannot switch keeps the 4-D
+        mask path.
     """
 
     def __init__(self, model, *, cpu_kernels: bool | None = None):
         self.model = model
         first = next(model.parameters())
-        self.cpu_kernels = first.device.type == "cpu" if cpu_kernels is None else bool(cpu_kernels)
+        self._requested = cpu_kernels
+        self._kernels = None
         self._previous_attention = None
         config = _text_config(model.config)
         self.config = config
@@ -147,6 +154,24 @@ class ModelRunner:
         # Models set to the registered tree-attention kernel get tree metadata, not masks.
         self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         self.device, self.dtype = first.device, first.dtype
+
+    @property
+    def kernels(self) -> kernel_choice.KernelChoice:
+        """Which kernels the forwards use (decided on first use, see
+        :func:`~specdec_kernels.decoding.kernel_choice.choose`)."""
+        if self._kernels is None:
+            self._kernels = kernel_choice.choose(self.model, self._requested)
+        return self._kernels
+
+    @property
+    def cpu_kernels(self) -> bool:
+        """Whether the decoding and verification forwards run the package's CPU kernels."""
+        return self.kernels.package
+
+    @cpu_kernels.setter
+    def cpu_kernels(self, value: bool) -> None:
+        self._requested = bool(value)
+        self._kernels = None
 
     def _use_cpu_kernels(self) -> bool:
         """Whether this forward runs the CPU kernels (switching the attention on first use)."""
@@ -183,6 +208,7 @@ class ModelRunner:
         last_logits_only: bool = False,
         exit_layer: int | None = None,
         features: "FeatureSpec | bool" = False,
+        prefill: bool = False,
     ):
         """Run a block of ``T`` tokens per request placed after each request's prefix.
 
@@ -210,6 +236,12 @@ class ModelRunner:
             Also return the target features of every block row (``True``: the final norm's
             output, the LM head's input), read by forward hooks on the capture points during
             this forward only (not with ``exit_layer``).
+        prefill : bool
+            The block is known tokens (a prompt, a draft model catching up), not a draft to
+            verify: its rows need not be batch-invariant, so with the package's kernels its
+            linears of at least :attr:`KernelChoice.prefill_gemm_rows
+            <specdec_kernels.decoding.kernel_choice.KernelChoice.prefill_gemm_rows>` rows run
+            torch's GEMM.
 
         Returns
         -------
@@ -235,7 +267,9 @@ class ModelRunner:
         spec = FeatureSpec() if features is True else (features or None)
         captured = {}
         hook = self._capture(spec, captured) if spec else contextlib.nullcontext()
-        linear = SmallBatchLinear() if cpu_kernels else contextlib.nullcontext()
+        gemm_rows = self.kernels.prefill_gemm_rows if prefill else None
+        linear = (SmallBatchLinear(gemm_rows=gemm_rows) if cpu_kernels
+                  else contextlib.nullcontext())
         with linear, hook:
             if exit_layer is not None:
                 hidden = self._hidden_before(kwargs, exit_layer)
@@ -329,7 +363,7 @@ class ModelRunner:
         uniform = min(counts) == width
         out = self.forward(
             cache, block, starts, last_logits_only=not want_logits or uniform,
-            features=spec or False,
+            features=spec or False, prefill=True,
         )
         logits, hidden = out if spec is not None else (out, None)
         cache.extend(counts)

@@ -93,6 +93,9 @@ class RunStats:
     drafter_report : dict
         What the drafter measured about itself (:meth:`Drafter.report`), e.g. per-prophet
         nodes proposed, accepted and share of emitted tokens for a merged drafter.
+    kernels : dict
+        Which kernels the target's forwards ran and why
+        (:meth:`~specdec_kernels.decoding.kernel_choice.KernelChoice.describe`).
     """
 
     method: str = ""
@@ -104,6 +107,7 @@ class RunStats:
     target_forwards: int = 0
     requests: list = field(default_factory=list)
     drafter_report: dict = field(default_factory=dict)
+    kernels: dict = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -161,6 +165,7 @@ class RunStats:
             "acceptance_rate_at": self.acceptance_rate_at,
             "requests": [r.to_dict() for r in self.requests],
             "drafter_report": self.drafter_report,
+            "kernels": dict(self.kernels),
         }
 
     def summary(self) -> str:
@@ -172,7 +177,15 @@ class RunStats:
             f"tau {self.tau:.2f}, drafter {100 * self.drafter_time_share:.0f}% of decode time"
             + (f", acceptance by depth [{rates}]" if rates else "")
             + _prophet_summary(self.drafter_report)
+            + _kernel_summary(self.kernels)
         )
+
+
+def _kernel_summary(kernels: dict) -> str:
+    """``; package kernels (avx2)`` where the run said which kernels it used."""
+    if not kernels or kernels.get("isa", "-") == "-":
+        return ""
+    return f"; {kernels['path']} kernels ({kernels['isa']})"
 
 
 def _prophet_summary(report: dict) -> str:
