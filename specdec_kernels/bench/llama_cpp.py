@@ -61,9 +61,11 @@ class LlamaCppMethod:
             draft = LlamaPromptLookupDecoding(num_pred_tokens=prompt_lookup)
         self.name = name
         self.eos_ids = set(eos_ids)
+        # With a draft model llama-cpp-python (0.3.36) keeps logits of every position but sizes
+        # its score buffer by logits_all: without it a prompt longer than n_batch overruns it.
         self.llm = Llama(model_path=str(gguf_path), n_ctx=context, n_batch=512,
                          n_threads=threads, n_threads_batch=threads, draft_model=draft,
-                         verbose=False)
+                         logits_all=draft is not None, verbose=False)
         self.settings = {"gguf": str(gguf_path), "threads": threads,
                          "prompt_lookup_tokens": prompt_lookup}
 
