@@ -468,8 +468,9 @@ _GENERATE_PY = '''\
     model.generate(**inputs, custom_generate="<this repo or folder>", trust_remote_code=True,
                    drafter="prompt-lookup", max_new_tokens=128)
 
-Drafters: "prompt-lookup", "self-speculative", "draft-model" (with draft_model=...), or a
-specdec_kernels.decoding.Drafter object. See the README next to this folder.
+Drafters: any name `specdec generate --drafter` takes ("prompt-lookup", "medusa", "draft-model"
+with draft_model=..., ...), or a specdec_kernels.decoding.Drafter object. See the README next
+to this folder.
 """
 
 from specdec_kernels.hf import generate_from_hub

@@ -46,16 +46,12 @@ def make_drafter(name: str | None, *, draft_model=None, draft_tokenizer=None, **
     Parameters
     ----------
     name : str or None
-        A registered name: ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``,
-        ``"self-speculative"``, ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``,
-        ``"jacobi"``, ``"medusa"`` or ``"blockwise"`` (the heads shipped for the default model
-        unless ``heads=...``), ``"retrieval"`` (the datastore shipped for the default model
-        unless ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target),
-        ``"token-recycling"``, ``"suffix"`` (``memory=SuffixMemory(...)`` adds earlier
-        requests' outputs), ``"multi"`` (``prophets=`` merged into one budgeted tree; default
-        :func:`~specdec_kernels.drafters.default_prophets`), ``"eagle"`` (the EAGLE-3
-        drafter shipped for the default model unless ``eagle_draft=...``), or one registered
-        later.
+        A registered name (:func:`~specdec_kernels.drafters.drafter_names`; each entry's
+        ``description`` says what it drafts with), ``None``/``"none"`` for plain decoding.
+        Drafters reading an asset (Medusa heads, a datastore, an EAGLE draft) take the one
+        shipped for the default model unless it is given (``heads=``, ``datastore=``,
+        ``eagle_draft=``); ``"multi"`` merges ``prophets=`` (by default
+        :func:`~specdec_kernels.drafters.default_prophets`).
     draft_model : transformers.PreTrainedModel, optional
     draft_tokenizer : optional
     **options
