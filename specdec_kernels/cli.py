@@ -165,7 +165,7 @@ def _add_option(group, name: str, takers: list) -> None:
     text = "; ".join(helps)
     if len(takers) > 1:
         text += f" [{', '.join(entry.name for entry, _ in takers)}]"
-    if len(takers) == 1 and defaults:
+    if defaults and len({str(v) for _, v in defaults}) == 1 and len(defaults) == len(takers):
         text += f" (default {defaults[0][1]})"
     elif defaults:
         text += " (default " + ", ".join(f"{n} {v}" for n, v in defaults) + ")"
