@@ -71,6 +71,8 @@ def test_projection_of_each_kind_of_method():
 def test_cost_curve_measures_every_width_on_both_paths():
     model = build_model("135m", "cpu", __import__("torch").float32)
     paths = step_latencies(model, prefix=8, tokens=[1, 3], repeats=1)
+    kernels = paths.pop("kernels")  # which CPU linears the engine's path chose (kernel_choice)
+    assert kernels["path"] in ("package", "torch") and kernels["reason"]
     assert set(paths) == {"engine", "torch"}
     for latencies in paths.values():
         assert set(latencies) == {1, 3}

@@ -265,6 +265,7 @@ WEIGHT_MODES = ("file", "float32")
 def _load_gguf_at_file_precision(path: Path, dtype, device, attn_implementation, source: str):
     from specdec_kernels.models.gguf_weights import load_gguf_model
 
+    check_gguf_file(path)  # a file cut short is named as such, not by numpy's reshape error
     model, tokenizer = load_gguf_model(path, dtype=dtype, device=device,
                                        attn_implementation=attn_implementation)
     model.requires_grad_(False)
