@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec_kernels"
 
 # Bottom up; a module belongs to the layer of its longest listed prefix.
 LAYERS = [
-    ["types", "sampling", "tree", "data", "_C", "_build_config"],  # plain data
+    ["types", "sampling", "tree", "data", "drafters", "_C", "_build_config"],  # plain data
     ["ops", "reference"],  # the kernels' typed wrappers and their specification
     ["models", "compat", "eagle"],  # adapters and drafter networks: HF models, other
     # engines' signatures, the EAGLE draft network and its published file formats

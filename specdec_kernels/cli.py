@@ -15,12 +15,15 @@ their traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
 
+from specdec_kernels import drafters
+from specdec_kernels.drafters import DRAFTER_NAMES
+
 __all__ = [
-    "DRAFTER_OPTIONS",
     "SUBCOMMAND_MODULES",
     "USER_ERRORS",
     "add_method_arguments",
@@ -30,7 +33,9 @@ __all__ = [
     "in_interval",
     "build_parser",
     "drafter_options",
+    "flagged_options",
     "given_drafter_options",
+    "option_flags",
     "main",
     "run_command",
 ]
@@ -44,28 +49,6 @@ SUBCOMMAND_MODULES = [
 #: Exceptions that report a user's mistake (bad argument values, missing files): printed as
 #: ``<prog>: error: <message>``, exit status 2, traceback only with ``--debug``.
 USER_ERRORS = (ValueError, FileNotFoundError)
-
-#: Command-line drafter options (argparse ``dest`` names), by the drafter they configure.
-DRAFTER_OPTIONS = {
-    "self-speculative": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
-    "draft-model": ("num_draft", "adaptive", "max_draft", "confidence_threshold"),
-    "prompt-lookup": ("max_ngram", "min_ngram", "max_depth", "max_branches", "max_nodes"),
-    "lookahead": ("window", "ngram", "max_candidates"),
-    "jacobi": ("num_guesses",),
-    "medusa": ("heads", "cost_curve", "max_nodes", "acceptance", "posterior_threshold",
-               "posterior_alpha"),
-    "blockwise": ("heads", "cost_curve", "num_draft"),
-    "retrieval": ("datastore", "max_depth", "max_nodes", "max_suffix", "min_suffix",
-                  "max_matches", "cost_curve"),
-    "quantized-self": ("num_draft", "adaptive", "max_draft", "confidence_threshold", "bits",
-                       "group", "gguf"),
-    "token-recycling": ("successors", "max_nodes", "max_depth", "cost_curve"),
-    "suffix": ("max_depth", "depth_per_match", "min_match", "max_nodes", "max_branches",
-               "cost_curve"),
-    "multi": ("prophets", "datastore", "heads", "cost_curve", "max_nodes"),
-    "eagle": ("eagle_draft", "branching", "max_depth", "max_nodes", "cost_curve"),
-}
-
 
 def at_least(low: int):
     """An argparse ``type``: an integer ``>= low`` (checked as the arguments are parsed, so
@@ -117,59 +100,35 @@ def add_prompts_file_argument(parser, help: str) -> None:
     parser.add_argument("--prompts-file", "--prompt-file", dest="prompts_file", help=help)
 
 
-def add_method_arguments(parser: argparse.ArgumentParser) -> None:
-    """The drafter options (see :data:`DRAFTER_OPTIONS`) and ``--torch-kernels``, shared by
-    ``specdec generate`` and ``specdec bench``. Their lower limits are checked as they are
-    parsed; upper limits belong to each drafter (checked when it is made, before the
-    target loads)."""
-    positive = at_least(1)
-    g = parser.add_argument_group("chain drafters (self-speculative, draft-model, quantized-self)")
-    g.add_argument("--num-draft", type=positive,
-                   help="drafts per step K (the start value if adaptive)")
-    g.add_argument("--adaptive", action="store_true", help="grow/shrink K with acceptance")
-    g.add_argument("--max-draft", type=positive, help="upper bound of an adaptive K")
-    g.add_argument("--confidence-threshold", type=in_interval(0, 1, open_high=True),
-                   help="stop drafting below this probability")
-    g.add_argument("--bits", type=int, choices=[4, 8], help="quantized-self: weight bits (default 4)")
-    g.add_argument("--group", type=positive,
-                   help="quantized-self: values per scale along K (default 32)")
-    g.add_argument("--gguf", help="quantized-self: draft with this GGUF file's own weights")
-    g = parser.add_argument_group("prompt lookup")
-    g.add_argument("--max-ngram", type=positive)
-    g.add_argument("--min-ngram", type=positive)
-    g.add_argument("--max-depth", type=positive)
-    g.add_argument("--max-branches", type=positive)
-    g.add_argument("--max-nodes", type=positive)
-    g = parser.add_argument_group("lookahead and Jacobi")
-    g.add_argument("--window", type=positive, help="lookahead: window columns W")
-    g.add_argument("--ngram", type=at_least(2),
-                   help="lookahead: n-gram size N (N - 1 window levels)")
-    g.add_argument("--max-candidates", type=at_least(0),
-                   help="lookahead: pool n-grams per key G (all verified)")
-    g.add_argument("--num-guesses", type=positive, help="jacobi: tokens guessed per step K")
-    g = parser.add_argument_group("retrieval and merged prophets (multi)")
-    g.add_argument("--datastore", help="retrieval datastore folder (`specdec datastore build`); "
-                   "default: the one shipped for the default model")
-    g.add_argument("--max-suffix", type=positive,
-                   help="retrieval: longest context suffix looked up")
-    g.add_argument("--min-suffix", type=positive,
-                   help="retrieval: no drafts below this match length")
-    g.add_argument("--max-matches", type=positive, help="retrieval: occurrences read per lookup")
-    g.add_argument("--prophets", help="multi: comma list of drafters to merge "
-                   "(default prompt-lookup,suffix,token-recycling,retrieval,medusa)")
-    g = parser.add_argument_group("token recycling and suffix (--max-nodes, --max-depth too)")
-    g.add_argument("--successors", type=positive,
-                   help="token-recycling: top-k successors kept per vocabulary token (8)")
-    g.add_argument("--min-match", type=positive,
-                   help="suffix: no drafts from earlier matches shorter than this (1)")
-    g.add_argument("--depth-per-match", type=in_interval(0, float("inf"), open_low=True,
-                                                          open_high=True),
-                   help="suffix: a match of m tokens drafts at most this times m deep (3.0)")
-    g = parser.add_argument_group("eagle (EAGLE-3 draft on the target's features)")
-    g.add_argument("--eagle-draft", help="EAGLE-3 folder (ours or the published layout); "
-                   "default: the one shipped for the default model")
-    g.add_argument("--branching", type=positive, help="eagle: nodes expanded per depth and "
-                   "children per expanded node (--max-depth, --max-nodes bound the tree)")
+def add_method_arguments(parser: argparse.ArgumentParser, *, supplied=()) -> None:
+    """The drafters' option flags and ``--torch-kernels``, shared by ``specdec generate`` and
+    ``specdec bench``, generated from the drafter registry (:mod:`specdec_kernels.drafters`).
+
+    One flag per option name, whichever drafters declare it: first the options of shared
+    options classes (the chain drafters'), then each drafter's own, one group per drafter in
+    registry order. Lower limits are checked as they are parsed; upper limits belong to each
+    drafter (checked when it is made, before the target loads). Flags not given are
+    ``None``. Options named in ``supplied`` get no flag (the caller sets them itself)."""
+    groups = {}  # a shared options class or a drafter -> (title, description, option names)
+    for entry in drafters.specs():
+        for base in reversed(entry.options.__mro__[1:]):
+            if dataclasses.is_dataclass(base):
+                users = [s.name for s in drafters.specs() if issubclass(s.options, base)]
+                groups.setdefault(base, (f"shared by {', '.join(users)}", base.__doc__,
+                                         [f.name for f in dataclasses.fields(base)]))
+    for entry in drafters.specs():
+        groups[entry.name] = (f"--drafter {entry.name}", entry.description,
+                              list(drafters.option_fields(entry.options)))
+    added = set(supplied)
+    for title, description, names in groups.values():
+        group = None
+        for name in names:
+            takers = _option_takers(name)
+            if name in added or not takers:
+                continue
+            added.add(name)
+            group = group or parser.add_argument_group(title, description)
+            _add_option(group, name, takers)
     parser.add_argument(
         "--torch-kernels", action="store_true",
         help="on CPU, torch's own linear and attention kernels instead of the package's "
@@ -178,25 +137,87 @@ def add_method_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _option_takers(name: str) -> list:
+    """``[(drafter spec, field)]`` of the drafters with a flag for option ``name``."""
+    takers = []
+    for entry in drafters.specs():
+        option = drafters.option_fields(entry.options).get(name)
+        if option is not None and drafters.flag_of(option) is not None:
+            takers.append((entry, option))
+    return takers
+
+
+def _shown_default(option):
+    if option.default_factory is not dataclasses.MISSING:
+        value = option.default_factory()
+        return ",".join(value) if isinstance(value, (tuple, list)) else value
+    return None if option.default is dataclasses.MISSING else option.default
+
+
+def _add_option(group, name: str, takers: list) -> None:
+    """One flag for option ``name`` of every drafter in ``takers``: its kind, range and help
+    (with each drafter's default) from the registry."""
+    first = takers[0][1]
+    flag = first.metadata["flag"]
+    helps = list(dict.fromkeys(option.metadata["flag"].help for _, option in takers))
+    defaults = [(entry.name, _shown_default(option)) for entry, option in takers
+                if flag.kind is not bool and _shown_default(option) is not None]
+    text = "; ".join(helps)
+    if len(takers) > 1:
+        text += f" [{', '.join(entry.name for entry, _ in takers)}]"
+    if defaults and len({str(v) for _, v in defaults}) == 1 and len(defaults) == len(takers):
+        text += f" (default {defaults[0][1]})"
+    elif defaults:
+        text += " (default " + ", ".join(f"{n} {v}" for n, v in defaults) + ")"
+    kwargs = {"dest": name, "default": None, "help": text}
+    if flag.kind is not bool:
+        kwargs["metavar"] = drafters.flag_of(first).lstrip("-").replace("-", "_").upper()
+    if flag.kind is bool:
+        kwargs["action"] = "store_false" if first.default is True else "store_true"
+    elif flag.choices:
+        kwargs.update(type=flag.kind, choices=list(flag.choices))
+    elif flag.kind is int:
+        kwargs["type"] = at_least(int(flag.low))
+    elif flag.kind is float:
+        kwargs["type"] = in_interval(flag.low, flag.high, open_low=flag.open_low,
+                                     open_high=flag.open_high)
+    group.add_argument(drafters.flag_of(first), **kwargs)
+
+
+def _option_flags() -> dict:
+    """Option name -> its flag, over every registered drafter."""
+    return {name: drafters.flag_of(option) for entry in drafters.specs()
+            for name, option in drafters.option_fields(entry.options).items()
+            if drafters.flag_of(option) is not None}
+
+
+def flagged_options(drafter: str) -> tuple:
+    """The options of ``drafter`` that have a command-line flag."""
+    return tuple(name for name, option in
+                 drafters.option_fields(drafters.spec(drafter).options).items()
+                 if drafters.flag_of(option) is not None)
+
+
 def given_drafter_options(args: argparse.Namespace) -> dict:
-    """The drafter options set on the command line (dest name -> value)."""
-    names = {name for names in DRAFTER_OPTIONS.values() for name in names}
+    """The drafter options set on the command line (option name -> value)."""
     given = {}
-    for name in sorted(names):
+    for name in sorted(_option_flags()):
         value = getattr(args, name, None)
-        if value is not None and value is not False:
+        if value is not None:
             given[name] = value
     return given
 
 
 def drafter_options(args: argparse.Namespace, drafter: str) -> dict:
-    """The options of ``drafter`` set on the command line, as constructor keyword arguments."""
-    applies = DRAFTER_OPTIONS.get(drafter, ())
+    """The options of ``drafter`` set on the command line, as ``make_drafter`` keywords."""
+    applies = flagged_options(drafter)
     return {k: v for k, v in given_drafter_options(args).items() if k in applies}
 
 
-def _option_flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def option_flags(names) -> str:
+    """``"--a, --b"``: the flags of the options ``names``."""
+    flags = _option_flags()
+    return ", ".join(flags.get(n, "--" + n.replace("_", "-")) for n in names)
 
 
 def _add_generate(subparsers) -> None:
@@ -215,29 +236,9 @@ def _add_generate(subparsers) -> None:
     p.add_argument("--weights", default="file", choices=["file", "float32"],
                    help="GGUF models: at the file's precision (default) or dequantized")
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--drafter",
-        default="prompt-lookup",
-        choices=[
-            "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-            "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix",
-            "multi", "eagle",
-        ],
-    )
+    p.add_argument("--drafter", default="prompt-lookup", choices=list(DRAFTER_NAMES))
     p.add_argument("--draft-model", help="HF folder or .gguf file, for --drafter draft-model")
     add_method_arguments(p)
-    g = p.add_argument_group("self-speculative")
-    g.add_argument("--layers", type=at_least(1), help="layers used by the draft")
-    g.add_argument("--no-prompt-ngrams", action="store_true",
-                   help="lookahead: do not seed the pool with the prompt's and output's n-grams")
-    g = p.add_argument_group("medusa and blockwise (heads on the target's hidden states)")
-    g.add_argument("--heads", help="heads folder (ours or FasterDecoding's); default: shipped")
-    g.add_argument("--cost-curve", help="step-cost JSON (bench.cost_curve) to derive the tree")
-    g.add_argument("--acceptance", choices=["lossless", "typical"], help="medusa: typical is lossy")
-    g.add_argument("--posterior-threshold", type=in_interval(0, 1, open_low=True),
-                   help="typical acceptance epsilon (0.09)")
-    g.add_argument("--posterior-alpha", type=in_interval(0, 1, open_low=True),
-                   help="typical acceptance alpha (0.3)")
     g = p.add_argument_group("sampling and stopping")
     g.add_argument("--max-new-tokens", type=at_least(1), default=128)
     add_sampling_arguments(g)
@@ -256,23 +257,19 @@ def _add_generate(subparsers) -> None:
 
 
 def _generate_drafter_options(args) -> dict:
-    """The drafter's constructor options; options for another drafter are an error."""
-    applies = DRAFTER_OPTIONS.get(args.drafter, ())
-    unused = sorted(set(given_drafter_options(args)) - set(applies))
-    if args.layers is not None and args.drafter != "self-speculative":
-        unused.append("layers")
-    if args.no_prompt_ngrams and args.drafter != "lookahead":
-        unused.append("no_prompt_ngrams")
+    """The drafter's options; a draft model without a drafter that takes one, or options for
+    another drafter, are errors."""
+    entry = drafters.spec(args.drafter)
+    if entry.needs_draft_model and not args.draft_model:
+        raise ValueError(f"--drafter {entry.name} needs --draft-model PATH")
+    if args.draft_model and not entry.needs_draft_model:
+        users = " or ".join(s.name for s in drafters.specs() if s.needs_draft_model)
+        raise ValueError(f"--draft-model is only used with --drafter {users}")
+    unused = sorted(set(given_drafter_options(args)) - set(flagged_options(args.drafter)))
     if unused:
-        flags = ", ".join(_option_flag(n) for n in unused)
         verb = "does" if len(unused) == 1 else "do"
-        raise ValueError(f"{flags} {verb} not apply to --drafter {args.drafter}")
-    options = drafter_options(args, args.drafter)
-    if args.layers is not None:
-        options["num_layers"] = args.layers
-    if args.drafter == "lookahead" and args.no_prompt_ngrams:
-        options["prompt_ngrams"] = False
-    return options
+        raise ValueError(f"{option_flags(unused)} {verb} not apply to --drafter {args.drafter}")
+    return drafter_options(args, args.drafter)
 
 
 def _read_prompts(args) -> list:
@@ -312,10 +309,6 @@ def prefill_progress_bar(file=None):
 
 def _run_generate(args) -> int:
     # Everything checkable without a model is checked before the heavy imports below.
-    if args.drafter == "draft-model" and not args.draft_model:
-        raise ValueError("--drafter draft-model needs --draft-model PATH")
-    if args.draft_model and args.drafter != "draft-model":
-        raise ValueError("--draft-model is only used with --drafter draft-model")
     options = _generate_drafter_options(args)
     prompts = _read_prompts(args)
 

@@ -106,9 +106,10 @@ def generate(
     logits_processor, stopping_criteria, generation_config, synced_gpus, streamer
         What transformers passes (see the module docstring for what is supported).
     drafter : Drafter or str, optional
-        A :class:`~specdec_kernels.decoding.Drafter` or one of ``"prompt-lookup"``,
-        ``"self-speculative"``, ``"draft-model"`` (with ``draft_model``), ``"none"``; plain
-        decoding when omitted.
+        A :class:`~specdec_kernels.decoding.Drafter` or a registered drafter name
+        (:data:`specdec_kernels.drafters.DRAFTER_NAMES`: ``"prompt-lookup"``, ``"medusa"``,
+        ``"draft-model"`` with ``draft_model``, ...), made with its defaults; plain decoding
+        when omitted.
     draft_model : transformers.PreTrainedModel, optional
         The draft model for ``drafter="draft-model"`` (same tokenizer as the target).
     **model_kwargs
@@ -394,6 +395,7 @@ def _decode(
 ):
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+    from specdec_kernels import drafters
     from specdec_kernels.decoding import Drafter, Engine, make_drafter
     from specdec_kernels.sampling import SamplingParams
 
@@ -408,7 +410,9 @@ def _decode(
             f"a streamer takes one sequence; got a batch of {batch} (transformers' streamers "
             "support batch size 1)"
         )
-    if draft_model is not None and drafter != "draft-model":
+    takes_draft = isinstance(drafter, str) and drafter in drafters.DRAFTER_NAMES and \
+        drafters.spec(drafter).needs_draft_model
+    if draft_model is not None and not takes_draft:
         raise ValueError("draft_model was given: pass drafter='draft-model' to use it")
     if isinstance(drafter, str):
         drafter = make_drafter(drafter, draft_model=draft_model)
@@ -464,8 +468,9 @@ _GENERATE_PY = '''\
     model.generate(**inputs, custom_generate="<this repo or folder>", trust_remote_code=True,
                    drafter="prompt-lookup", max_new_tokens=128)
 
-Drafters: "prompt-lookup", "self-speculative", "draft-model" (with draft_model=...), or a
-specdec_kernels.decoding.Drafter object. See the README next to this folder.
+Drafters: any name `specdec generate --drafter` takes ("prompt-lookup", "medusa", "draft-model"
+with draft_model=..., ...), or a specdec_kernels.decoding.Drafter object. See the README next
+to this folder.
 """
 
 from specdec_kernels.hf import generate_from_hub
@@ -501,8 +506,9 @@ out = model.generate(**inputs, custom_generate="<this repo or folder>", trust_re
 print(tok.batch_decode(out, skip_special_tokens=True))
 ```
 
-Arguments added to `generate`: `drafter` ("prompt-lookup", "self-speculative", "draft-model"
-or a `specdec_kernels.decoding.Drafter`), `draft_model` (for "draft-model"). Supported:
+Arguments added to `generate`: `drafter` (a name that `specdec generate --drafter` takes, e.g.
+"prompt-lookup", "medusa", "draft-model", or a `specdec_kernels.decoding.Drafter`),
+`draft_model` (for "draft-model"). Supported:
 greedy and sampling (temperature, top-k, top-p, min-p), EOS, max/min new tokens, stop strings
 (pass `tokenizer=`), streamers (batch size 1), left-padded batches, `return_dict_in_generate`.
 Beam search and other logits processors raise an error.

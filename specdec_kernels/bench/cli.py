@@ -9,43 +9,40 @@ import sys
 import time
 from pathlib import Path
 
+from specdec_kernels import drafters
 from specdec_kernels.bench.methods import (
     BATCH_ONE_METHODS,
+    LLAMA_CPP_METHODS,
     METHOD_DESCRIPTIONS,
     METHOD_DRAFTERS,
     check_method_names,
+    draft_methods,
 )
 from specdec_kernels.bench.prompts import load_prompts, repeated_task_prompts, select_prompts
 from specdec_kernels.cli import (
-    DRAFTER_OPTIONS,
     add_method_arguments,
     add_prompts_file_argument,
     add_sampling_arguments,
     at_least,
     drafter_options,
+    flagged_options,
     given_drafter_options,
+    option_flags,
     run_command,
 )
 
-#: Methods run when --methods is not given (draft-model ones are added when --draft is).
-DEFAULT_METHODS = [
-    "hf-generate",
-    "ours-autoregressive",
-    "ours-prompt-lookup",
-    "hf-prompt-lookup",
-    "ours-self-speculative",
-    "hf-early-exit",
-    "ours-lookahead",
-    "ours-jacobi",
-    "ours-medusa",
-    "ours-blockwise",
-    "ours-retrieval",
-    "ours-quantized-self",
-    "ours-token-recycling",
-    "ours-suffix",
-    "ours-multi",
-    "ours-eagle",
-]
+#: Drafter options the bench sets itself, from its own flags, for every drafter that declares
+#: them (so ours and the HF peers, and every heads drafter, run alike): option -> bench flag's
+#: ``dest``. The cost curve goes with the heads (see ``build_methods``).
+SUPPLIED_OPTIONS = {"heads": "medusa_heads", "cost_curve": "medusa_cost_curve",
+                    "num_layers": "exit_layer"}
+
+
+def default_methods() -> list:
+    """Methods run when --methods is not given: all but those needing a draft model (added
+    when --draft is given) and the llama.cpp peers."""
+    return [n for n in METHOD_DESCRIPTIONS
+            if n not in draft_methods() and n not in LLAMA_CPP_METHODS]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,45 +91,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", default="bench_results", help="output folder")
     # Our drafters' options, as `specdec generate` has them (the HF peers keep their own).
-    add_method_arguments(parser)
+    add_method_arguments(parser, supplied=SUPPLIED_OPTIONS)
 
 
 def _drafter_options(args: argparse.Namespace, names: list) -> dict:
     """Drafter options by drafter name; an option no method of the run takes is an error."""
-    drafters = {METHOD_DRAFTERS[n] for n in names if n in METHOD_DRAFTERS}
-    taken = {option for d in drafters for option in DRAFTER_OPTIONS[d]}
+    used = {METHOD_DRAFTERS[n] for n in names if n in METHOD_DRAFTERS}
+    taken = {option for d in used for option in flagged_options(d)}
     unused = sorted(set(given_drafter_options(args)) - taken)
     if unused:
-        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
-        raise ValueError(f"{flags}: no method of this run takes it ({', '.join(names)})")
-    return {d: drafter_options(args, d) for d in drafters}
+        raise ValueError(f"{option_flags(unused)}: no method of this run takes it "
+                         f"({', '.join(names)})")
+    return {d: drafter_options(args, d) for d in used}
 
 
 def _check_drafters(options: dict) -> None:
     """Make each of our drafters once from the options (its own checks: sizes, heads and
-    datastore files) before any model loads. The draft-model drafter needs its model: its
-    options are checked when the methods are built, before anything is allocated."""
+    datastore files) before any model loads. A drafter that needs a draft model has its
+    options checked when the methods are built, before anything is allocated."""
     from specdec_kernels.decoding.api import make_drafter
 
     for name, given in options.items():
-        if name != "draft-model":
+        if not drafters.spec(name).needs_draft_model:
             make_drafter(name, **given)
+
+
+def _needs_other_assets(method: str, args: argparse.Namespace) -> bool:
+    """Whether ``method``'s drafter would load an asset shipped for the default model (heads,
+    a datastore, an EAGLE draft) that the command line does not replace."""
+    name = METHOD_DRAFTERS.get(method)
+    if name is None:
+        return False
+    for option, field in drafters.option_fields(drafters.spec(name).options).items():
+        flag = field.metadata.get("flag")
+        if flag is not None and flag.shipped and not getattr(
+                args, SUPPLIED_OPTIONS.get(option, option), None):
+            return True
+    return False
 
 
 def run(args: argparse.Namespace) -> dict:
     # The options are checked before the models are loaded (the numbers' ranges already by
     # the parser).
-    names = args.methods.split(",") if args.methods else list(DEFAULT_METHODS)
+    names = args.methods.split(",") if args.methods else default_methods()
     if args.draft and not args.methods:
-        names += ["ours-draft-model", "hf-assisted"]
+        names += list(draft_methods())
     if not args.methods and args.target != "default":
         # The shipped heads and datastore are the default model's: another target needs its own.
-        if not args.medusa_heads:
-            names = [n for n in names if n not in ("ours-medusa", "ours-blockwise", "ours-multi")]
-        if not args.datastore:
-            names = [n for n in names if n not in ("ours-retrieval", "ours-multi")]
-        if not args.eagle_draft:
-            names = [n for n in names if n != "ours-eagle"]
+        names = [n for n in names if not _needs_other_assets(n, args)]
     if args.batch_size > 1:
         batch_one = [n for n in names if n in BATCH_ONE_METHODS]
         if args.methods and batch_one:

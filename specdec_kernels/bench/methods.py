@@ -6,9 +6,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from specdec_kernels import drafters
 
 #: The reference every speedup is measured against.
 BASELINE = "hf-generate"
@@ -254,50 +257,71 @@ BATCH_ONE_METHODS = ("hf-prompt-lookup", "hf-early-exit", "hf-assisted", "llama-
 #: The llama.cpp peers (optional: llama-cpp-python, see ``specdec_kernels.bench.llama_cpp``).
 LLAMA_CPP_METHODS = ("llama-cpp", "llama-cpp-prompt-lookup")
 
-#: Every method name, in report order, with what it is.
-METHOD_DESCRIPTIONS = {
-    "hf-generate": "Hugging Face generate, plain (the baseline)",
-    "ours-autoregressive": "specdec_kernels.generate without a drafter",
-    "ours-prompt-lookup": "ours, prompt lookup (n-gram matches merged into a tree)",
-    "hf-prompt-lookup": "HF assisted generation, prompt_lookup_num_tokens",
-    "ours-self-speculative": "ours, layer-skip self-speculation (first L layers draft)",
-    "hf-early-exit": "HF assisted generation, assistant_early_exit (layer skip)",
-    "ours-lookahead": "ours, lookahead decoding (Jacobi window + n-gram pool, one forward)",
-    "ours-jacobi": "ours, plain Jacobi decoding (guesses verified as a chain)",
-    "ours-medusa": "ours, Medusa heads (shipped for the default model), tree of top-k guesses",
-    "ours-blockwise": "ours, blockwise parallel decoding (each Medusa head's top-1, a chain)",
-    "ours-retrieval": "ours, retrieval (REST) from the shipped datastore, budgeted tree",
-    "ours-quantized-self": "ours, an int4 copy of the target (quantized_linear) drafts",
-    "ours-token-recycling": "ours, token recycling (the target's recent top-k per token, a tree)",
-    "ours-suffix": "ours, suffix automaton of the context (and of earlier outputs, repeated task)",
-    "ours-multi": "ours, prompt lookup + suffix + token recycling + retrieval + Medusa heads, "
-                  "merged into one budgeted tree",
-    "ours-eagle": "ours, EAGLE-3 draft on the target's features (shipped), EAGLE-2 dynamic tree",
-    "ours-draft-model": "ours, a separate draft model",
-    "hf-assisted": "HF assisted generation, assistant_model",
-    "llama-cpp": "llama.cpp (llama-cpp-python) on the same GGUF file, plain",
-    "llama-cpp-prompt-lookup": "llama.cpp (llama-cpp-python), its prompt-lookup drafter",
+#: The peers (other engines' methods): what each is, and the drafter of ours it is reported
+#: beside (``None``: after all of ours; the baseline comes first).
+PEERS = {
+    "hf-generate": ("Hugging Face generate, plain (the baseline)", None),
+    "hf-prompt-lookup": ("HF assisted generation, prompt_lookup_num_tokens", "prompt-lookup"),
+    "hf-early-exit": ("HF assisted generation, assistant_early_exit (layer skip)",
+                      "self-speculative"),
+    "hf-assisted": ("HF assisted generation, assistant_model", "draft-model"),
+    "llama-cpp": ("llama.cpp (llama-cpp-python) on the same GGUF file, plain", None),
+    "llama-cpp-prompt-lookup": ("llama.cpp (llama-cpp-python), its prompt-lookup drafter", None),
 }
 
+#: The peers that need a draft model.
+DRAFT_PEERS = ("hf-assisted",)
 
-#: Our methods with a drafter, and its name (as in ``build_methods(drafter_options=...)`` and
-#: ``specdec generate --drafter``).
-METHOD_DRAFTERS = {
-    "ours-prompt-lookup": "prompt-lookup",
-    "ours-self-speculative": "self-speculative",
-    "ours-draft-model": "draft-model",
-    "ours-lookahead": "lookahead",
-    "ours-jacobi": "jacobi",
-    "ours-retrieval": "retrieval",
-    "ours-quantized-self": "quantized-self",
-    "ours-token-recycling": "token-recycling",
-    "ours-suffix": "suffix",
-    "ours-multi": "multi",
-    "ours-eagle": "eagle",
-}
 
-#: The methods that need a draft model.
-DRAFT_METHODS = ("ours-draft-model", "hf-assisted")
+def method_descriptions() -> dict:
+    """Every method name, in report order, with what it is: the baseline, then ours (one per
+    registered drafter, :mod:`specdec_kernels.drafters`), each followed by its peers, then the
+    other peers."""
+    out = {BASELINE: PEERS[BASELINE][0]}
+    for entry in drafters.specs():
+        plain = entry.drafter is None
+        out[entry.method_name] = entry.description if plain else f"ours, {entry.description}"
+        out.update({n: what for n, (what, beside) in PEERS.items() if beside == entry.name})
+    out.update({n: what for n, (what, beside) in PEERS.items()
+                if beside is None and n != BASELINE})
+    return out
+
+
+def method_drafters() -> dict:
+    """Our methods with a drafter, and its registry name."""
+    return {e.method_name: e.name for e in drafters.specs() if e.drafter is not None}
+
+
+def draft_methods() -> tuple:
+    """The methods that need a draft model."""
+    ours = tuple(e.method_name for e in drafters.specs() if e.needs_draft_model)
+    return ours + DRAFT_PEERS
+
+
+class _Current(Mapping):
+    """A read-only mapping made afresh from the drafter registry at every use."""
+
+    def __init__(self, make):
+        self._make = make
+
+    def __getitem__(self, key):
+        return self._make()[key]
+
+    def __iter__(self):
+        return iter(self._make())
+
+    def __len__(self) -> int:
+        return len(self._make())
+
+    def __repr__(self) -> str:
+        return repr(self._make())
+
+
+#: :func:`method_descriptions`, always current.
+METHOD_DESCRIPTIONS = _Current(method_descriptions)
+
+#: :func:`method_drafters`, always current.
+METHOD_DRAFTERS = _Current(method_drafters)
 
 
 def check_method_names(names: list, *, has_draft: bool) -> None:
@@ -306,7 +330,7 @@ def check_method_names(names: list, *, has_draft: bool) -> None:
     unknown = [n for n in names if n not in METHOD_DESCRIPTIONS]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; choose from {list(METHOD_DESCRIPTIONS)}")
-    needs_draft = [n for n in names if n in DRAFT_METHODS]
+    needs_draft = [n for n in names if n in draft_methods()]
     if needs_draft and not has_draft:
         raise ValueError(f"{needs_draft} need a draft model (--draft)")
 
@@ -349,7 +373,8 @@ def build_methods(
         Whether our methods use the package's CPU kernels (see :func:`specdec_kernels.generate`;
         default: on for CPU models).
     medusa_heads : str or MedusaHeads, optional
-        The heads of ``ours-medusa`` / ``ours-blockwise`` (a folder or
+        The heads of our drafters that read Medusa heads (``ours-medusa``, ``ours-blockwise``,
+        ``ours-multi``: those whose options declare ``heads``; a folder or
         :class:`~specdec_kernels.medusa.MedusaHeads`); the heads shipped for the default model
         when ``None`` (loaded once, shared by every run).
     medusa_cost_curve : str, optional
@@ -358,7 +383,8 @@ def build_methods(
     gguf_path : str, optional
         The target's GGUF file, for the llama.cpp peers.
     memory_tokens : int, optional
-        Give ``ours-suffix`` and ``ours-multi`` (its suffix prophet) a
+        Give the drafters that read a suffix memory (``ours-suffix``, ``ours-multi`` with its
+        suffix prophet) a
         :class:`~specdec_kernels.decoding.SuffixMemory` of this many tokens, one per method,
         kept from run to run (the repeated-task workload); none by default.
 
@@ -369,25 +395,17 @@ def build_methods(
         differs from the target's, bad drafter options, or a llama.cpp peer without a GGUF
         file or without llama-cpp-python.
     """
-    from specdec_kernels.decoding import (
-        BlockwiseDrafter,
-        DraftModelDrafter,
-        JacobiDrafter,
-        LookaheadDrafter,
-        MedusaDrafter,
-        PromptLookupDrafter,
-        SelfSpeculativeDrafter,
-        SuffixMemory,
-    )
-    from specdec_kernels.decoding.api import DEFAULT_PROPHETS, make_drafter
+    from specdec_kernels.decoding import SuffixMemory
+    from specdec_kernels.decoding.api import make_drafter
     from specdec_kernels.decoding.draft_model import check_same_vocabulary
     from specdec_kernels.decoding.self_speculative import DEFAULT_LAYERS_SKIPPED
 
     check_method_names(names, has_draft=draft_model is not None)
-    if any(n in DRAFT_METHODS for n in names):
+    if any(n in draft_methods() for n in names):
         check_same_vocabulary(tokenizer, draft_tokenizer)
     options = drafter_options or {}
-    if any(n in ("ours-medusa", "ours-blockwise", "ours-multi") for n in names):
+    ours = {e.method_name: e.name for e in drafters.specs() if e.method_name in names}
+    if any(_takes(d, "heads") for d in ours.values()):
         from specdec_kernels.medusa.heads import load_heads
 
         if medusa_heads is None:
@@ -400,83 +418,35 @@ def build_methods(
     depth = model.config.num_hidden_layers
     layers = exit_layer or max(1, depth - DEFAULT_LAYERS_SKIPPED)
 
-    def ours(name, make_drafter, memory=None):
-        return OursMethod(name, model, tokenizer, make_drafter, memory=memory,
-                          cpu_kernels=cpu_kernels)
+    def our_method(name, drafter):
+        # The bench's own flags set these options of every drafter that declares them.
+        given = dict(options.get(drafter, {}))
+        if _takes(drafter, "heads"):  # the Medusa heads, loaded once, and their cost curve
+            given = {"heads": medusa_heads, "cost_curve": medusa_cost_curve, **given}
+        if _takes(drafter, "num_layers"):
+            given = {"num_layers": layers, **given}
+        memory = None
+        if memory_tokens is not None and _reads_memory(drafter, given):
+            memory = given["memory"] = SuffixMemory(memory_tokens)  # one per method
+        if drafters.spec(drafter).needs_draft_model:
+            given.update(draft_model=draft_model, draft_tokenizer=draft_tokenizer)
+        return OursMethod(name, model, tokenizer, lambda: make_drafter(drafter, **given),
+                          memory=memory, cpu_kernels=cpu_kernels)
 
-    def memory():
-        return None if memory_tokens is None else SuffixMemory(memory_tokens)
-
-    suffix_memory, multi_memory = memory(), memory()
-    # The merged prophets take the Medusa heads loaded once above and the same cost curve.
-    multi_options = {"heads": medusa_heads, "cost_curve": medusa_cost_curve,
-                     **options.get("multi", {})}
-    prophets = multi_options.get("prophets", DEFAULT_PROPHETS)
-    if isinstance(prophets, str):
-        prophets = [p.strip() for p in prophets.split(",")]
-    if multi_memory is not None and "suffix" in prophets:
-        multi_options["memory"] = multi_memory
-
-    factories = {
+    factories = {name: (lambda name=name, d=d: our_method(name, d)) for name, d in ours.items()}
+    factories.update({
         "hf-generate": lambda: HFMethod("hf-generate", model, tokenizer),
-        "ours-autoregressive": lambda: ours("ours-autoregressive", lambda: None),
-        "ours-prompt-lookup": lambda: ours(
-            "ours-prompt-lookup", lambda: PromptLookupDrafter(**options.get("prompt-lookup", {}))
-        ),
         "hf-prompt-lookup": lambda: HFMethod(
             "hf-prompt-lookup", model, tokenizer, prompt_lookup_num_tokens=prompt_lookup_tokens
-        ),
-        "ours-self-speculative": lambda: ours(
-            "ours-self-speculative",
-            lambda: SelfSpeculativeDrafter(layers, **options.get("self-speculative", {})),
         ),
         "hf-early-exit": lambda: HFMethod(
             "hf-early-exit", model, tokenizer, assistant_early_exit=layers
         ),
-        "ours-medusa": lambda: ours(
-            "ours-medusa", lambda: MedusaDrafter(medusa_heads, cost_curve=medusa_cost_curve)
-        ),
-        "ours-blockwise": lambda: ours(
-            "ours-blockwise", lambda: BlockwiseDrafter(medusa_heads, cost_curve=medusa_cost_curve)
-        ),
-        "ours-lookahead": lambda: ours(
-            "ours-lookahead", lambda: LookaheadDrafter(**options.get("lookahead", {}))
-        ),
-        "ours-jacobi": lambda: ours(
-            "ours-jacobi", lambda: JacobiDrafter(**options.get("jacobi", {}))
-        ),
-        "ours-retrieval": lambda: ours(
-            "ours-retrieval", lambda: make_drafter("retrieval", **options.get("retrieval", {}))
-        ),
-        "ours-quantized-self": lambda: ours(
-            "ours-quantized-self",
-            lambda: make_drafter("quantized-self", **options.get("quantized-self", {})),
-        ),
-        "ours-token-recycling": lambda: ours(
-            "ours-token-recycling",
-            lambda: make_drafter("token-recycling", **options.get("token-recycling", {})),
-        ),
-        "ours-suffix": lambda: ours(
-            "ours-suffix",
-            lambda: make_drafter("suffix", memory=suffix_memory, **options.get("suffix", {})),
-            suffix_memory,
-        ),
-        "ours-multi": lambda: ours(
-            "ours-multi", lambda: make_drafter("multi", **multi_options), multi_memory
-        ),
-        "ours-eagle": lambda: ours(
-            "ours-eagle", lambda: make_drafter("eagle", **options.get("eagle", {}))
-        ),
-        "ours-draft-model": lambda: ours(
-            "ours-draft-model",
-            lambda: DraftModelDrafter(
-                draft_model, tokenizer=draft_tokenizer, **options.get("draft-model", {})
-            ),
-        ),
         "hf-assisted": lambda: HFMethod(
             "hf-assisted", model, tokenizer, assistant_model=draft_model
         ),
-    }
+    })
+
     def llama_cpp(name, prompt_lookup):
         from specdec_kernels.bench.llama_cpp import LlamaCppMethod
         from specdec_kernels.decoding.api import eos_token_ids
@@ -494,3 +464,21 @@ def build_methods(
         if isinstance(method, OursMethod):
             method.make_drafter()  # bad drafter options fail here, before any run
     return methods
+
+
+def _takes(drafter: str, option: str) -> bool:
+    """Whether the registry's ``drafter`` declares ``option``."""
+    return option in drafters.option_fields(drafters.spec(drafter).options)
+
+
+def _reads_memory(drafter: str, given: dict) -> bool:
+    """Whether ``drafter`` (with options ``given``) reads a suffix memory: it declares one,
+    and when it merges prophets, one of them reads it."""
+    if not _takes(drafter, "memory"):
+        return False
+    if not _takes(drafter, "prophets"):
+        return True
+    prophets = given.get("prophets") or drafters.default_prophets()
+    if isinstance(prophets, str):
+        prophets = [p.strip() for p in prophets.split(",") if p.strip()]
+    return any(p in drafters.DRAFTER_NAMES and _takes(p, "memory") for p in prophets)

@@ -1,7 +1,8 @@
 """Speculative decoding on Hugging Face causal LMs: one propose -> verify -> commit step shared
 by every method; methods differ only in the drafter.
 
-- :func:`generate`: the one-call API.
+- :func:`generate`: the one-call API; :func:`make_drafter`: a drafter by its registry name
+  (:mod:`specdec_kernels.drafters`, the one list of drafters, their options and classes).
 - Drafters: :class:`DraftModelDrafter`, :class:`SelfSpeculativeDrafter`,
   :class:`PromptLookupDrafter`, :class:`LookaheadDrafter`, :class:`JacobiDrafter`,
   :class:`MedusaDrafter`, :class:`BlockwiseDrafter`, :class:`RetrievalDrafter`,
@@ -38,6 +39,7 @@ from specdec_kernels.decoding.retrieval import RetrievalDrafter
 from specdec_kernels.decoding.suffix import SuffixDrafter, SuffixMemory
 from specdec_kernels.decoding.token_recycling import TokenRecyclingDrafter
 from specdec_kernels.decoding.engine import Engine, EngineOutput, Generation, StopCriteria
+from specdec_kernels.decoding.factory import DrafterContext
 from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
 from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
@@ -56,6 +58,7 @@ __all__ = [
     "DecodeState",
     "DraftModelDrafter",
     "Drafter",
+    "DrafterContext",
     "EagleDrafter",
     "Engine",
     "EngineOutput",

@@ -7,29 +7,14 @@ from typing import Sequence
 
 import torch
 
-from specdec_kernels.decoding.draft_model import DraftModelDrafter
 from specdec_kernels.decoding.drafter import Drafter
 from specdec_kernels.decoding.engine import Engine, StopCriteria
-from specdec_kernels.decoding.lookahead import JacobiDrafter, LookaheadDrafter
-from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
-from specdec_kernels.decoding.self_speculative import SelfSpeculativeDrafter
+from specdec_kernels.decoding.factory import make_drafter
 from specdec_kernels.decoding.stats import RunStats
+from specdec_kernels.drafters import DRAFTER_NAMES
 from specdec_kernels.sampling import SamplingParams
 
 __all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
-
-#: Names accepted by ``generate(drafter=...)`` and the command line.
-DRAFTER_NAMES = (
-    "none", "prompt-lookup", "self-speculative", "draft-model", "lookahead", "jacobi",
-    "medusa", "blockwise", "retrieval", "quantized-self", "token-recycling", "suffix", "multi",
-    "eagle",
-)
-
-#: The prophets ``make_drafter("multi")`` merges by default: prompt lookup, the suffix
-#: automaton, token recycling, retrieval from the shipped datastore, and the trained drafter
-#: that ships (the Medusa heads). Chosen on tuning requests (bench/RESULTS.md): each of them
-#: raised the merged τ there.
-DEFAULT_PROPHETS = ("prompt-lookup", "suffix", "token-recycling", "retrieval", "medusa")
 
 
 @dataclass
@@ -56,109 +41,6 @@ class GenerationOutput:
     finish_reasons: list
     prompt_tokens: list
     stats: RunStats
-
-
-def make_drafter(
-    name: str | None, *, draft_model=None, draft_tokenizer=None, **options
-) -> Drafter | None:
-    """A drafter from its command-line name (see :data:`DRAFTER_NAMES`).
-
-    Parameters
-    ----------
-    name : str or None
-        ``None``/``"none"`` (plain decoding), ``"prompt-lookup"``, ``"self-speculative"``,
-        ``"draft-model"`` (needs ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``
-        or ``"blockwise"`` (the heads shipped for the default model unless ``heads=...`` is
-        given), ``"retrieval"`` (the datastore shipped for the default model unless
-        ``datastore=...``), ``"quantized-self"`` (an int4 copy of the target),
-        ``"token-recycling"`` (the target's own recent top-k per token), ``"suffix"`` (the
-        context's longest earlier match; ``memory=SuffixMemory(...)`` adds earlier requests'
-        outputs), ``"multi"`` (``prophets=`` merged into one budgeted tree; default
-        :data:`DEFAULT_PROPHETS`) or ``"eagle"`` (the EAGLE-3 drafter shipped for the default
-        model unless ``eagle_draft=...``).
-    draft_model : transformers.PreTrainedModel, optional
-    draft_tokenizer : optional
-    **options
-        Passed to the drafter's constructor.
-    """
-    if name is None or name == "none":
-        if options or draft_model is not None:
-            raise ValueError("drafter options were given without a drafter")
-        return None
-    if name == "prompt-lookup":
-        return PromptLookupDrafter(**options)
-    if name == "self-speculative":
-        return SelfSpeculativeDrafter(**options)
-    if name == "lookahead":
-        return LookaheadDrafter(**options)
-    if name == "jacobi":
-        return JacobiDrafter(**options)
-    if name == "draft-model":
-        if draft_model is None:
-            raise ValueError("the draft-model drafter needs draft_model=...")
-        return DraftModelDrafter(draft_model, tokenizer=draft_tokenizer, **options)
-    if name in ("medusa", "blockwise"):
-        from specdec_kernels.decoding.medusa import BlockwiseDrafter, MedusaDrafter
-
-        return (MedusaDrafter if name == "medusa" else BlockwiseDrafter)(**options)
-    if name == "eagle":
-        from specdec_kernels.decoding.eagle import EagleDrafter
-
-        return EagleDrafter(**options)
-    if name == "retrieval":
-        from specdec_kernels.decoding.retrieval import RetrievalDrafter
-
-        return RetrievalDrafter(**options)
-    if name == "quantized-self":
-        from specdec_kernels.decoding.quantized import QuantizedSelfDrafter
-
-        return QuantizedSelfDrafter(**options)
-    if name == "token-recycling":
-        from specdec_kernels.decoding.token_recycling import TokenRecyclingDrafter
-
-        return TokenRecyclingDrafter(**options)
-    if name == "suffix":
-        from specdec_kernels.decoding.suffix import SuffixDrafter
-
-        return SuffixDrafter(**options)
-    if name == "multi":
-        return _multi_drafter(draft_model=draft_model, draft_tokenizer=draft_tokenizer,
-                              **options)
-    raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
-
-
-def _multi_drafter(*, prophets=DEFAULT_PROPHETS, datastore=None, heads=None, cost_curve=None,
-                   memory=None, max_nodes: int = 24, draft_model=None, draft_tokenizer=None):
-    """``make_drafter("multi")``: the named prophets (each with its defaults, the datastore,
-    heads and suffix memory given) merged by
-    :class:`~specdec_kernels.decoding.multi.MultiDrafter`."""
-    from specdec_kernels.decoding.multi import MultiDrafter
-
-    if isinstance(prophets, str):
-        prophets = [p.strip() for p in prophets.split(",") if p.strip()]
-    prophets = list(prophets)
-    if not prophets:
-        raise ValueError("prophets: give at least one drafter to merge")
-    bad = [p for p in prophets if p not in DRAFTER_NAMES or p in ("none", "multi")]
-    if bad:
-        raise ValueError(f"prophets: cannot merge {bad}; choose from "
-                         f"{[n for n in DRAFTER_NAMES if n not in ('none', 'multi')]}")
-    if memory is not None and "suffix" not in prophets:
-        raise ValueError("memory: only the suffix prophet reads a memory; add it to prophets")
-    drafters = []
-    for p in prophets:
-        options = {}
-        if p == "retrieval":
-            options = {"datastore": datastore, "budget": False}  # the merged tree is budgeted
-        elif p == "token-recycling":
-            options = {"budget": False}
-        elif p == "suffix":
-            options = {"memory": memory, "budget": False}
-        elif p in ("medusa", "blockwise"):
-            options = {"heads": heads, "cost_curve": cost_curve}
-        drafters.append(make_drafter(p, draft_model=draft_model,
-                                     draft_tokenizer=draft_tokenizer, **options))
-    return MultiDrafter(drafters, cost_curve=cost_curve, max_nodes=max_nodes)
 
 
 def _per_request(value, batch: int, name: str) -> list:
@@ -311,10 +193,8 @@ def generate(
         Prompts as text (the chat template is applied when the tokenizer has one and
         ``chat_template``) or token ids (``[B, P]`` / ``[P]`` tensors or ragged lists).
     drafter : Drafter or str, optional
-        A drafter object, or one of ``"prompt-lookup"``, ``"self-speculative"``,
-        ``"draft-model"`` (with ``draft_model``), ``"lookahead"``, ``"jacobi"``, ``"medusa"``,
-        ``"blockwise"``, ``"retrieval"``, ``"quantized-self"``, ``"token-recycling"``,
-        ``"suffix"``, ``"multi"``, ``"none"``.
+        A drafter object, or a registered name (:data:`DRAFTER_NAMES`, made by
+        :func:`make_drafter` with its defaults; ``"draft-model"`` with ``draft_model``).
         Plain decoding when ``None``.
     tokenizer : optional
         The target's tokenizer (needed for text prompts, stop strings and returned text).

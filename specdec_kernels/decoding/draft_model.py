@@ -52,6 +52,13 @@ class DraftModelDrafter(AutoregressiveDrafter):
         self.runner = ModelRunner(model)
         self.cache = None
 
+    @classmethod
+    def from_options(cls, options, context) -> "DraftModelDrafter":
+        from specdec_kernels.drafters import option_values
+
+        return cls(context.draft_model, tokenizer=context.draft_tokenizer,
+                   **option_values(options))
+
     def bind(self, runner: ModelRunner, tokenizer) -> None:
         super().bind(runner, tokenizer)
         self.runner.cpu_kernels = runner.cpu_kernels

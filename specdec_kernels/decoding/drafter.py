@@ -415,6 +415,17 @@ class Drafter:
     #: ``"final_norm"``) or a :class:`~specdec_kernels.decoding.runner.FeatureSpec`.
     target_features = None
 
+    @classmethod
+    def from_options(cls, options, context) -> "Drafter":
+        """The drafter :func:`~specdec_kernels.decoding.make_drafter` builds from its registry
+        entry (:mod:`specdec_kernels.drafters`): ``options`` is the entry's options dataclass,
+        ``context`` a :class:`~specdec_kernels.decoding.factory.DrafterContext` (the draft
+        model). By default the options are the constructor's keyword arguments; override when
+        they are not."""
+        from specdec_kernels.drafters import option_values
+
+        return cls(**option_values(options))
+
     def bind(self, runner: "ModelRunner", tokenizer) -> None:
         """Check the drafter can serve this target (raise ``ValueError`` otherwise)."""
 

@@ -123,6 +123,44 @@ class MultiDrafter(Drafter):
         self._totals: dict = {}
         self._emitted = 0
 
+    #: Options of ``make_drafter("multi")`` handed to every prophet that declares them.
+    SHARED_OPTIONS = ("datastore", "heads", "memory", "cost_curve")
+
+    @classmethod
+    def from_options(cls, options, context) -> "MultiDrafter":
+        """``make_drafter("multi", prophets=..., ...)``: each prophet made by its registry
+        entry with its defaults, plus the shared options it declares (:data:`SHARED_OPTIONS`;
+        the cost curve only to prophets that keep their own budget: the others' is off, the
+        merged tree is budgeted here), and ``context`` (a draft model)."""
+        from specdec_kernels import drafters as registry
+        from specdec_kernels.decoding.factory import make_drafter
+
+        prophets = options.prophets
+        if isinstance(prophets, str):
+            prophets = [p.strip() for p in prophets.split(",") if p.strip()]
+        prophets = list(prophets)
+        if not prophets:
+            raise ValueError("prophets: give at least one drafter to merge")
+        mergeable = [s.name for s in registry.specs() if s.drafter is not None and s.name != "multi"]
+        bad = [p for p in prophets if p not in mergeable]
+        if bad:
+            raise ValueError(f"prophets: cannot merge {bad}; choose from {mergeable}")
+        fields = {p: registry.option_fields(registry.spec(p).options) for p in prophets}
+        if options.memory is not None and not any("memory" in f for f in fields.values()):
+            readers = [n for n in mergeable
+                       if "memory" in registry.option_fields(registry.spec(n).options)]
+            raise ValueError(f"memory: only the {' or '.join(readers)} prophet reads a memory; "
+                             "add it to prophets")
+        drafters = []
+        for p in prophets:
+            given = {k: getattr(options, k) for k in cls.SHARED_OPTIONS if k in fields[p]}
+            if "budget" in fields[p]:
+                given["budget"] = False  # the merged tree is budgeted
+                given.pop("cost_curve", None)
+            drafters.append(make_drafter(p, draft_model=context.draft_model,
+                                         draft_tokenizer=context.draft_tokenizer, **given))
+        return cls(drafters, cost_curve=options.cost_curve, max_nodes=options.max_nodes)
+
     def bind(self, runner, tokenizer) -> None:
         for d in self.drafters:
             d.bind(runner, tokenizer)

@@ -86,6 +86,12 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         self.runner = None
         self.cache = None
 
+    @classmethod
+    def from_options(cls, options, context) -> "QuantizedSelfDrafter":
+        from specdec_kernels.drafters import option_values
+
+        return cls(**option_values(options))  # its draft model is the target's copy
+
     def _draft_model(self, target, dtype):
         if self.gguf is not None:
             key = (str(self.gguf), dtype)
