@@ -29,7 +29,9 @@ def main(argv=None) -> dict:
 
     model = load_model(args.model, weights=args.weights).model
     runner = ModelRunner(model)
-    cache = runner.new_cache(1, args.prefix + args.steps + 8)
+    warm_up = 3
+    # Rows for the warm-up, the profiled and the plain steps.
+    cache = runner.new_cache(1, args.prefix + warm_up + 2 * args.steps + 8)
     with torch.inference_mode():
         runner.prefill(cache, [[(i * 7919) % 1000 + 10 for i in range(args.prefix)]])
         token = torch.tensor([[11]])
@@ -39,7 +41,7 @@ def main(argv=None) -> dict:
             runner.forward(cache, token, start)
             cache.extend([1])
 
-        for _ in range(3):
+        for _ in range(warm_up):
             step()
         wall = time.perf_counter()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -54,7 +56,7 @@ def main(argv=None) -> dict:
         plain = (time.perf_counter() - start) / args.steps
     buckets = {"linear": 0.0, "attention": 0.0, "other aten ops": 0.0}
     for event in prof.key_averages():
-        if event.key.startswith("specdec::quantized_linear") or event.key.startswith("specdec::small_batch_linear"):
+        if event.key.startswith(("specdec::quantized_linear", "specdec::small_batch_linear")):
             buckets["linear"] += event.self_cpu_time_total
         elif event.key.startswith("specdec::tree_attention"):
             buckets["attention"] += event.self_cpu_time_total
