@@ -2,7 +2,6 @@
 folders and GGUF files by path, chat template, cache location, bad sources."""
 
 import os
-import time
 
 import pytest
 import torch
@@ -38,9 +37,8 @@ def test_converted_copy_is_cached_and_reused():
     assert folder.is_dir() and (folder / "config.json").is_file()
     assert any(p.suffix == ".safetensors" for p in folder.iterdir())
     stamp = os.stat(folder / "config.json").st_mtime_ns
-    t0 = time.perf_counter()
-    again = load_model("default", dtype="bf16")
-    assert time.perf_counter() - t0 < 15  # a conversion takes ~20 s more than this
+    # The dequantized model loads from the converted folder; a new conversion would rewrite it.
+    again = load_model("default", dtype="bf16", weights="float32")
     assert os.stat(folder / "config.json").st_mtime_ns == stamp
     assert again.model.dtype == torch.bfloat16
 
