@@ -72,7 +72,7 @@ REPORT=$STATE/gpu_check.md
 MAX_OUT_FILES=8
 # Kernel tests: the ops against the reference and the CPU kernels (whichever of these exist).
 KERNEL_TESTS=$(for n in verify sampling sampling_paths tree_attention kv_cache tree lossless \
-  small_batch_linear 'compat_*'; do ls python_tests/test_$n.py 2>/dev/null; done | tr '\n' ' ')
+  small_batch_linear quantized_linear 'compat_*'; do ls python_tests/test_$n.py 2>/dev/null; done | tr '\n' ' ')
 # CPU-side tests with nothing to run on a GPU (the CUDA kernels' CPU emulator and its mutation
 # check, install.sh with a stand-in Python): CI's alone.
 CPU_ONLY_TESTS=$(ls python_tests/test_cuda_emulat*.py python_tests/test_mutation_check.py \
