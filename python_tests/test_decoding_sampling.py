@@ -121,6 +121,16 @@ def run_batch(model, drafter, seed_base=0):
     return out
 
 
+def assert_follows_target(out, exact, label=""):
+    """Every config's ``PER_CONFIG`` sequences of ``run_batch``'s output fit the exact
+    distribution of that config (chi-square, p > 1e-3)."""
+    assert all(len(t) == NEW for t in out.tokens)
+    for c, probs in enumerate(exact):
+        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
+        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
+        assert p > 1e-3, f"{label}config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -135,11 +145,7 @@ def run_batch(model, drafter, seed_base=0):
 )
 def test_sampled_sequences_follow_the_target_distribution(target, exact, name):
     out = run_batch(target, make_drafter(name, target))
-    assert all(len(t) == NEW for t in out.tokens)
-    for c, probs in enumerate(exact):
-        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
-        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
-        assert p > 1e-3, f"{name}, config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    assert_follows_target(out, exact, f"{name}, ")
     if name != "autoregressive":  # the drafts were really used
         assert out.stats.tau > 1.05
 

@@ -18,13 +18,11 @@ from python_tests.decoding_helpers import (
 )
 from python_tests.test_decoding_sampling import (
     CONFIGS,
-    NEW,
-    PER_CONFIG,
     PROMPT,
     VOCAB,
-    chi_square_pvalue,
-    counts_of,
+    assert_follows_target,
     exact_distribution,
+    run_batch,
 )
 from specdec_kernels.decoding import generate
 from specdec_kernels.decoding.drafter import NoDrafter
@@ -218,16 +216,8 @@ def test_sampling_follows_the_target_distribution():
     draft = random_draft(target, None, seed=4, std=0.3)
     drafter = EagleDrafter(draft, branching=2, max_depth=3, max_nodes=6,
                            cost_curve={1: 1.0, 64: 1.0})
-    temps, ks, ps = zip(*[c for c in CONFIGS for _ in range(PER_CONFIG)])
-    n = len(temps)
-    out = generate(target, [PROMPT] * n, drafter=drafter, max_new_tokens=NEW,
-                   temperature=list(temps), top_k=list(ks), top_p=list(ps),
-                   seed=list(range(n)), eos_token_id=[])
-    assert all(len(t) == NEW for t in out.tokens)
-    for c, probs in enumerate(exact):
-        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
-        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
-        assert p > 1e-3, f"config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    out = run_batch(target, drafter)
+    assert_follows_target(out, exact)
     assert out.stats.tau > 1.05
 
 

@@ -14,13 +14,11 @@ import torch
 from python_tests.decoding_helpers import dev_prompts, hf_greedy, tiny_model
 from python_tests.test_decoding_sampling import (
     CONFIGS,
-    NEW,
-    PER_CONFIG,
     PROMPT,
     VOCAB,
-    chi_square_pvalue,
-    counts_of,
+    assert_follows_target,
     exact_distribution,
+    run_batch,
 )
 from specdec_kernels.decoding import (
     MultiDrafter,
@@ -419,16 +417,8 @@ def test_sampling_follows_the_target_distribution(sampling_target, name):
              SuffixDrafter(memory=memory, min_match=1, max_nodes=6, budget=False)],
             max_nodes=8, cost_curve=FLAT_COST),
     }[name]
-    temps, ks, ps = zip(*[c for c in CONFIGS for _ in range(PER_CONFIG)])
-    n = len(temps)
-    out = generate(target, [PROMPT] * n, drafter=drafter, max_new_tokens=NEW,
-                   temperature=list(temps), top_k=list(ks), top_p=list(ps),
-                   seed=list(range(n)), eos_token_id=[])
-    assert all(len(t) == NEW for t in out.tokens)
-    for c, probs in enumerate(exact):
-        seqs = out.tokens[c * PER_CONFIG : (c + 1) * PER_CONFIG]
-        p, stat, dof = chi_square_pvalue(counts_of(seqs), probs)
-        assert p > 1e-3, f"{name}, config {CONFIGS[c]}: chi2 {stat:.1f} on {dof} dof, p={p:.2e}"
+    out = run_batch(target, drafter)
+    assert_follows_target(out, exact, f"{name}, ")
     assert out.stats.tau > 1.05
 
 
