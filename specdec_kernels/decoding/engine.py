@@ -349,7 +349,7 @@ class Engine:
         # Error checks wait for the step's one sync (below) instead of adding one.
         with ops.deferred_errors():
             verdict = proposal.verify(verified, state.params, state.offsets)
-        self._commit(state, verdict, hidden)
+        kept = self._commit(state, verdict, hidden)
         # Each request's random streams move past every position its verification could use.
         used = (parents != PAD_PARENT).sum(1)
         if extra is not None:
@@ -359,11 +359,10 @@ class Engine:
         ops.raise_deferred_errors()  # the verification's error codes landed by that sync
         accepted = [row[0] for row in host]
         emitted = [row[1 : n + 2] for row, n in zip(host, accepted)]
-        path = torch.arange(verdict.rows.shape[1], device=tokens.device)[None, :]
         seen = dict(
             logits=logits, tree_width=width,
             tokens=torch.where(parents != PAD_PARENT, tokens, -1), parents=parents,
-            accepted_rows=torch.where(path <= verdict.num_accepted[:, None], verdict.rows, -1),
+            accepted_rows=torch.where(kept, verdict.rows, -1),
         )
         return accepted, emitted, seen
 
@@ -377,8 +376,9 @@ class Engine:
                                   extra=extra, features=self.features or False)
         return out if want else (out, None)
 
-    def _commit(self, state: DecodeState, verdict: Verdict, hidden) -> None:
-        """Keep the accepted path's K/V (and features), make each next token pending."""
+    def _commit(self, state: DecodeState, verdict: Verdict, hidden) -> torch.Tensor:
+        """Keep the accepted path's K/V (and features), make each next token pending; returns
+        which entries of ``verdict.rows`` are on the accepted path (``[B, P]`` bool)."""
         rows, counts = verdict.rows, verdict.num_accepted + 1
         keep = torch.arange(rows.shape[1], device=rows.device)[None, :] < counts[:, None]
         positions = torch.where(keep, state.cache.lens[:, None] + rows, torch.full_like(rows, -1))
@@ -388,6 +388,7 @@ class Engine:
             state.features = hidden.gather(1, index)
             state.feature_counts = counts
         state.pending = verdict.tokens.gather(1, verdict.num_accepted[:, None]).squeeze(1)
+        return keep
 
     def _select(self, state: DecodeState, keep_rows: list) -> None:
         index = torch.tensor(keep_rows, dtype=torch.int64, device=state.pending.device)
