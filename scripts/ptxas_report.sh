@@ -32,7 +32,7 @@ template __global__ void compact_kv_rows_kernel<uint4, int64_t, ContiguousRows>(
     CacheTensorTable, ContiguousRows, CompactShape, const int64_t*, const int64_t*, const int64_t*);
 }
 EOF
-nvcc -std=c++20 --expt-relaxed-constexpr -O3 -Icsrc -D__CUDA_NO_HALF_OPERATORS__ \
+nvcc -std=c++17 --expt-relaxed-constexpr -O3 -Icsrc -D__CUDA_NO_HALF_OPERATORS__ \
   -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ \
   -gencode="arch=compute_${arch},code=sm_${arch}" -Xptxas -v -c "$work/kernels.cu" \
   -o "$work/kernels.o" 2>"$work/ptxas.log" || { cat "$work/ptxas.log"; exit 1; }

@@ -34,7 +34,13 @@
 #include <cooperative_groups.h>
 #define SPECDEC_DEVICE __device__ __forceinline__
 #define SPECDEC_DEVICE_FUNCTION __device__
-#define SPECDEC_SHARED(type, name) __shared__ std::type_identity_t<type> name
+// torch's extension build compiles CUDA as C++17, which has no std::type_identity_t; the
+// alias lets an array type such as float[32] name a __shared__ variable.
+namespace specdec_detail {
+template <class T> struct identity { using type = T; };
+template <class T> using identity_t = typename identity<T>::type;
+}  // namespace specdec_detail
+#define SPECDEC_SHARED(type, name) __shared__ ::specdec_detail::identity_t<type> name
 #define SPECDEC_EXTERN_SHARED(type, name) extern __shared__ __align__(128) type name[]
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SPECDEC_CLUSTERS 1
