@@ -15,9 +15,14 @@ SHAPES = [(1, 1, 1), (1, 7, 5), (2, 13, 37), (3, 33, 16), (5, 129, 95), (8, 64, 
           (17, 19, 1031), (32, 40, 64), (33, 9, 70)]
 
 
-def tolerance(dtype, k):
-    # float32 accumulation of k products; bfloat16 output is rounded to 8 bits.
-    return dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5 * k ** 0.5)
+def tolerance(dtype, k, device="cpu"):
+    # float32 accumulation of k products; bfloat16 output is rounded to 8 bits. On CUDA the op is
+    # cuBLAS, which may round bfloat16 partial sums of a split K (torch's default
+    # allow_bf16_reduced_precision_reduction): a few bfloat16 ulps of a sum of size ~sqrt(k),
+    # seen as 0.17 at k = 1031 on an H200 (2026-11-26).
+    if dtype != torch.bfloat16:
+        return dict(rtol=1e-5, atol=1e-5 * k ** 0.5)
+    return dict(rtol=1e-2, atol=2**-7 * k ** 0.5 if device == "cuda" else 1e-2)
 
 
 def operands(m, n, k, dtype, device, gen, bias=True):
@@ -35,7 +40,7 @@ def test_matches_reference(device, m, n, k, dtype, bias, gen):
     got = ops.small_batch_linear(x, w, b)
     want = reference.small_batch_linear(x, w, b)
     assert got.shape == (m, n) and got.dtype == dtype
-    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype, k))
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype, k, device))
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)

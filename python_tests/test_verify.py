@@ -241,8 +241,10 @@ def test_tree_invariants(device, gen):
         assert all(parents_c[b, c] == (path[i - 1] if i else 0) for i, c in enumerate(path))
         assert out[b, :m].tolist() == tokens_c[b, path].tolist()
         assert int(out[b, m]) >= 0 and (out[b, m + 1 :] == -1).all() and (nodes[b, m:] == -1).all()
-    perm = torch.randperm(batch, generator=gen).to(device)
-    again = ops.verify_tree(tokens[perm], parents[perm], logits[perm], probs[perm], params.select(perm))
+    perm = torch.randperm(batch, generator=gen)  # indexes the host copies below
+    on_device = perm.to(device)
+    again = ops.verify_tree(tokens[on_device], parents[on_device], logits[on_device], probs[on_device],
+                            params.select(on_device))
     assert_same(again, (nodes[perm].to(device), out[perm].to(device), n[perm].to(device)))
 
 

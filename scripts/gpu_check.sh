@@ -165,6 +165,15 @@ pytest_args() {
   echo "-v -p no:cacheprovider -p python_tests.pytest_deadline --stop-after $((secs - 30 > 10 ? secs - 30 : 10))"
   echo "--per-test-timeout $per_test --junitxml=$STATE/$name.xml -o junit_logging=no"
 }
+# workers: pytest-xdist's options on the GPU machine (it has xdist and 16 cores): the test
+# stages run in 8 processes sharing the GPU, and a test that crashes its process (as every
+# C++-raised error did on the first GPU machine) fails alone instead of ending the stage. None on
+# a dry run or without xdist.
+workers() {
+  if [ "$GPU_CHECK_DRY" = 0 ] && $PY -c 'import xdist' 2>/dev/null; then
+    echo "-n ${GPU_CHECK_WORKERS:-8} --max-worker-restart 400"
+  fi
+}
 # Exit statuses of pytest: 0 all passed, 1 failures, 2 stopped (budget), 5 nothing selected.
 judge() {
   local rc=$1 what=$2
@@ -245,6 +254,12 @@ build() {
   fi
   build_id >"$BUILT"
   note "build id (later stages check it): $(cat "$BUILT")"
+  # A C++-raised error must reach Python as ValueError; on the first GPU machine every one from
+  # the CUDA build crashed the process instead (see gpu_check_report.py errors).
+  note ""
+  note "C++ error path and toolchain (\`python3 scripts/gpu_check_report.py errors --device $DEV\`):"
+  note ""
+  $PY scripts/gpu_check_report.py errors --device "$DEV" >>"$REPORT" 2>&1
   # Build warnings, for the kernels' authors (nvcc's own are errors in CI's compile check).
   if grep -q -E ': warning|warning #' "$STATE/build.log"; then
     note "compiler warnings: $(grep -c -E ': warning|warning #' "$STATE/build.log") (in build.log)"
@@ -271,7 +286,8 @@ run_tests() {
   local name=$1 secs=$2 per_test=$3; shift 3
   local rc
   # shellcheck disable=SC2046
-  limited "$secs" "$STATE/$name.log" $PY -m pytest $(pytest_args "$name" "$secs" "$per_test") "$@"
+  limited "$secs" "$STATE/$name.log" $PY -m pytest $(pytest_args "$name" "$secs" "$per_test") \
+    $(workers) "$@"
   rc=$?
   note "\`pytest $(printf '%q ' "$@" | cut -c1-300)\` ($(grep -m1 -o 'collected [0-9]* items.*' "$STATE/$name.log" || echo 'nothing collected')):"
   note ""

@@ -5,6 +5,7 @@
     python3 scripts/gpu_check_report.py sanitizer LOG
     python3 scripts/gpu_check_report.py resources CUOBJDUMP_OUTPUT
     python3 scripts/gpu_check_report.py ceilings --device cuda --out ceilings.json
+    python3 scripts/gpu_check_report.py errors --device cuda
 
 Nothing here decides pass or fail; the shell script does, from exit codes.
 """
@@ -238,6 +239,58 @@ def ceilings(device: str, out: str | None) -> str:
     )
 
 
+# One C++ argument check per device: the op must raise ValueError with its message. Each runs
+# in a child process, because the first GPU check (H200, 2026-11-26) saw every C++-raised error
+# of the CUDA build end in a segmentation fault inside std::ostream (the message's formatting,
+# with libstdc++ code inside _C.so) while the kernels' results were right.
+_ERROR_PROBE = """
+import sys, torch, specdec_kernels
+try:
+    torch.ops.specdec.small_batch_linear(torch.randn(2, 3, device=sys.argv[1]),
+                                         torch.randn(4, 5, device=sys.argv[1]), None)
+except ValueError as e:
+    print("ValueError:", str(e)[:120])
+    sys.exit(0)
+print("no error raised")
+sys.exit(1)
+"""
+
+
+def _toolchain() -> str:
+    """The compilers the build used and how _C.so links the C++ runtime."""
+    import glob
+    import os
+
+    lines = [f"- CC={os.environ.get('CC', '(unset)')} CXX={os.environ.get('CXX', '(unset)')}"]
+    for compiler in dict.fromkeys([os.environ.get("CXX", "g++"), "/usr/bin/g++"]):
+        try:
+            version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+            lines.append(f"- `{compiler} --version`: {version.splitlines()[0] if version else '?'}")
+        except OSError:
+            lines.append(f"- `{compiler}`: not found")
+    so = sorted(glob.glob("specdec_kernels/_C*.so"))
+    if so:
+        ldd = subprocess.run(["ldd", so[0]], capture_output=True, text=True).stdout
+        stdcpp = [line.strip() for line in ldd.splitlines() if "stdc++" in line]
+        lines.append(f"- `ldd _C.so` libstdc++: {stdcpp[0] if stdcpp else 'none (linked statically?)'}")
+        nm = subprocess.run(["nm", "-C", "--defined-only", so[0]], capture_output=True, text=True).stdout
+        inside = sum("std::locale::" in line for line in nm.splitlines())
+        lines.append(f"- std::locale symbols defined inside _C.so: {inside} (0 when libstdc++ is shared)")
+    return "\n".join(lines) + "\n"
+
+
+def errors(device: str) -> str:
+    """Whether a C++ argument check raises ValueError on DEVICE (and on the CPU) or crashes."""
+    lines = []
+    for dev in dict.fromkeys(["cpu", device]):
+        run = subprocess.run([sys.executable, "-c", _ERROR_PROBE, dev], capture_output=True, text=True,
+                             timeout=120)
+        said = (run.stdout.strip() or run.stderr.strip()).splitlines()[-1:] or ["(nothing)"]
+        verdict = "raises" if run.returncode == 0 else f"**exit status {run.returncode}**"
+        lines.append(f"- C++ argument check on {dev}: {verdict} ({said[0][:160]})")
+    return "\n".join(lines) + "\n" + _toolchain()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -250,6 +303,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("ceilings")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out")
+    sub.add_parser("errors").add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
     if args.cmd == "env":
         text = env()
@@ -259,6 +313,8 @@ def main(argv=None) -> int:
         text = sanitizer(args.log)
     elif args.cmd == "resources":
         text = resources(args.dump)
+    elif args.cmd == "errors":
+        text = errors(args.device)
     else:
         text = ceilings(args.device, args.out)
     sys.stdout.write(text)
