@@ -31,8 +31,10 @@
 # Budgets (seconds, from the call's start, the stage's own budget; at most 550 so a 600 s call
 # always ends with its report): build 400, kernels 300, e2e 300, bench 210, sanitize 240:
 # 1450 s (24 minutes) together, about 27 of the session's 30 with the machine's start and the
-# replies. Estimates (no GPU run yet): build ~4 min with 16 jobs for one arch; the test stages
-# use what they need up to their budget; sanitize uses all of its own.
+# replies. Measured on an H200 (2026-11-26): build 116-125 s with 16 jobs for one arch; kernels
+# 90 s with 8 xdist workers. A session now has 15 minutes of device time, start included: run
+# `reset build kernels` in one call, then `e2e bench` in the next, with GPU_CHECK_SECONDS set so
+# the call ends inside 600 s; sanitize uses whatever it is given.
 # Each call returns 2 files under $OUT (the device allows 8): gpu_check.md, the report so far
 # (every stage run on this machine), and gpu_check_logs.tar.gz (logs, JUnit XML, benchmark,
 # ceilings and curve JSON, resource usage). The reply's output_tail ends with the stage's own
