@@ -33,7 +33,8 @@ from specdec_kernels.decoding import (
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import NoDrafter
 from specdec_kernels.decoding.runner import ModelRunner
-from specdec_kernels.decoding.medusa import choose_tree, default_heads_path, expected_tokens
+from specdec_kernels.decoding.budget import choose_tree, expected_tokens
+from specdec_kernels.decoding.medusa import default_heads_path
 from specdec_kernels.medusa.heads import MedusaHeads, load_heads
 from specdec_kernels.models import encode_prompts
 from specdec_kernels.tree import tree_from_choices

@@ -6,7 +6,7 @@ nodes that maximise expected tokens per unit of step cost under the device's mea
 (:class:`~specdec_kernels.decoding.cost.StepCost`) (:func:`budgeted_trees`), and once the
 target has spoken every candidate is judged into the statistics (:class:`OutcomeJudge`). This
 greedy choice is the only one in the package: merged and retrieval trees go through it every
-step, Medusa's static tree once (:func:`specdec_kernels.decoding.medusa.choose_tree`).
+step, a static rank-path tree (Medusa, token recycling) once (:func:`choose_tree`).
 
 Expected tokens of a kept set ``S`` of drafted nodes: ``1 + sum_{n in S} P(path to n is
 accepted)`` (the target's own token, plus every node whose whole path holds). With
@@ -20,10 +20,11 @@ request, and the block's cost is ``c(B * (n + 1))`` (the step's linear layers se
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.tree import Trie, stack_trees
+from specdec_kernels.tree import Tree, Trie, stack_trees, tree_from_choices
 
 __all__ = [
     "CLASS_PRIORS",
@@ -32,6 +33,8 @@ __all__ = [
     "OutcomeJudge",
     "TreeBudget",
     "budgeted_trees",
+    "choose_tree",
+    "expected_tokens",
     "judge",
     "path_probabilities",
 ]
@@ -376,3 +379,91 @@ class OutcomeJudge:
 
     def select_requests(self, keep: list) -> None:
         self.pending = [self.pending[b] for b in keep]
+
+
+# ---------------------------------------------------------------------------- rank-path trees
+
+
+def expected_tokens(choices, rank_accuracy) -> float:
+    """Expected tokens per step of a tree: 1 (the target's own token) plus, for every node,
+    the probability that its whole path is right, taking heads as independent with
+    ``rank_accuracy[k][r]`` = P(head ``k``'s rank-``r`` guess is the token)."""
+    total = 1.0
+    for c in choices:
+        p = 1.0
+        for k, r in enumerate(c):
+            row = rank_accuracy[k] if k < len(rank_accuracy) else []
+            p *= row[r] if r < len(row) else 0.0
+        total += p
+    return total
+
+
+def choose_tree(
+    rank_accuracy,
+    step_cost: StepCost,
+    *,
+    head_cost_ms: float = 0.0,
+    max_nodes: int = 64,
+    chain: bool = False,
+) -> tuple[Tree, float, float]:
+    """The static tree that maximises expected tokens per unit of step cost: the cost-model
+    budget (:class:`TreeBudget`) applied once to a rank-path tree (Medusa's heads, token
+    recycling's template), with heads taken as independent (a node's chance is the product of its
+    ranks' accuracies along its path).
+
+    Parameters
+    ----------
+    rank_accuracy : sequence of sequence of float
+        ``[N][K]``: P(the rank-``r`` guess at depth ``k + 1`` is the token) (for Medusa, head
+        ``k``'s).
+    step_cost : StepCost
+        ``c(T)``, the target forward over ``T`` tokens.
+    head_cost_ms : float
+        The heads' own cost per step (paid whatever the tree).
+    max_nodes : int
+        Most drafted nodes considered.
+    chain : bool
+        Only rank-0 guesses (blockwise decoding's chain).
+
+    Returns
+    -------
+    tree : Tree
+        With ranks (its rank paths are :attr:`~specdec_kernels.tree.Tree.choices`), nodes in
+        Medusa's (depth, path) order.
+    expected : float
+        Expected tokens per step (accepted drafts + 1) under ``rank_accuracy``.
+    cost_ms : float
+        The step's cost ``c(T) + head_cost_ms``.
+    """
+    accuracy = [list(map(float, row)) for row in rank_accuracy]
+    if chain:
+        accuracy = [row[:1] for row in accuracy]
+    candidates = tree_from_choices(_likely_rank_paths(accuracy, max_nodes))
+    nodes = zip(candidates.depths[1:], candidates.ranks[1:])
+    cond = [1.0] + [accuracy[depth - 1][rank] for depth, rank in nodes]
+    budget = TreeBudget(step_cost, max_nodes=max_nodes, overhead_ms=head_cost_ms)
+    scored = (candidates.parents, path_probabilities(candidates.parents, cond))
+    (kept,), expected, cost = budget.choose([scored])
+    choices = candidates.choices
+    return tree_from_choices([choices[j - 1] for j in kept[1:]]), expected, cost
+
+
+def _likely_rank_paths(accuracy: list, count: int) -> list:
+    """The ``count`` rank paths most likely to be right, the rank-path tree cut to what the
+    budget may keep: a path is never likelier than its prefix, so they form a tree. Ties go as
+    in :meth:`TreeBudget.order` (shallower first, then by path)."""
+    paths: list = []
+    frontier: list = []
+
+    def push(path: tuple, p: float) -> None:
+        if len(path) < len(accuracy):
+            for r, a in enumerate(accuracy[len(path)]):
+                if a > 0:
+                    heapq.heappush(frontier, (-(p * a), len(path) + 1, path + (r,)))
+
+    push((), 1.0)
+    while frontier and len(paths) < count:
+        neg, _, path = heapq.heappop(frontier)
+        paths.append(path)
+        push(path, -neg)
+    return paths

@@ -12,7 +12,8 @@ block rooted at the pending token.
   Medusa's typical acceptance instead (LOSSY when sampling).
 - :class:`BlockwiseDrafter` (Stern et al. 2018): the top-1 of each head as a chain.
 
-The tree (and the blockwise chain length) is derived, not copied: :func:`choose_tree` takes
+The tree (and the blockwise chain length) is derived, not copied:
+:func:`~specdec_kernels.decoding.budget.choose_tree` takes
 each head's rank accuracy (measured on held-out data at training time and saved with the
 heads) and the step-cost curve ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`),
 and keeps, through the cost-model budget (:mod:`~specdec_kernels.decoding.budget`), the tree
@@ -21,7 +22,6 @@ that maximises expected tokens per unit of step cost.
 
 from __future__ import annotations
 
-import heapq
 from importlib import resources
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from torch import Tensor
 
 from specdec_kernels import ops
 from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
-from specdec_kernels.decoding.budget import TreeBudget, path_probabilities
+from specdec_kernels.decoding.budget import choose_tree
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import (
     BLOCK_LIMIT_REASON,
@@ -47,9 +47,7 @@ __all__ = [
     "DEFAULT_HEADS",
     "BlockwiseDrafter",
     "MedusaDrafter",
-    "choose_tree",
     "default_heads_path",
-    "expected_tokens",
     "load_default_heads",
 ]
 
@@ -73,93 +71,6 @@ def load_default_heads():
     from specdec_kernels.medusa.heads import load_heads
 
     return load_heads(default_heads_path())
-
-
-# ---------------------------------------------------------------------------- tree choice
-
-
-def expected_tokens(choices, rank_accuracy) -> float:
-    """Expected tokens per step of a tree: 1 (the target's own token) plus, for every node,
-    the probability that its whole path is right, taking heads as independent with
-    ``rank_accuracy[k][r]`` = P(head ``k``'s rank-``r`` guess is the token)."""
-    total = 1.0
-    for c in choices:
-        p = 1.0
-        for k, r in enumerate(c):
-            row = rank_accuracy[k] if k < len(rank_accuracy) else []
-            p *= row[r] if r < len(row) else 0.0
-        total += p
-    return total
-
-
-def choose_tree(
-    rank_accuracy,
-    step_cost: StepCost,
-    *,
-    head_cost_ms: float = 0.0,
-    max_nodes: int = 64,
-    chain: bool = False,
-) -> tuple[Tree, float, float]:
-    """The static tree that maximises expected tokens per unit of step cost: the cost-model
-    budget (:class:`~specdec_kernels.decoding.budget.TreeBudget`) applied once to the heads'
-    rank-path tree, with heads taken as independent (a node's chance is the product of its
-    ranks' accuracies along its path).
-
-    Parameters
-    ----------
-    rank_accuracy : sequence of sequence of float
-        ``[N][K]``: P(head ``k``'s rank-``r`` guess is the token at its depth).
-    step_cost : StepCost
-        ``c(T)``, the target forward over ``T`` tokens.
-    head_cost_ms : float
-        The heads' own cost per step (paid whatever the tree).
-    max_nodes : int
-        Most drafted nodes considered.
-    chain : bool
-        Only rank-0 guesses (blockwise decoding's chain).
-
-    Returns
-    -------
-    tree : Tree
-        With ranks (its rank paths are :attr:`~specdec_kernels.tree.Tree.choices`), nodes in
-        Medusa's (depth, path) order.
-    expected : float
-        Expected tokens per step (accepted drafts + 1) under ``rank_accuracy``.
-    cost_ms : float
-        The step's cost ``c(T) + head_cost_ms``.
-    """
-    accuracy = [list(map(float, row)) for row in rank_accuracy]
-    if chain:
-        accuracy = [row[:1] for row in accuracy]
-    candidates = tree_from_choices(_likely_rank_paths(accuracy, max_nodes))
-    nodes = zip(candidates.depths[1:], candidates.ranks[1:])
-    cond = [1.0] + [accuracy[depth - 1][rank] for depth, rank in nodes]
-    budget = TreeBudget(step_cost, max_nodes=max_nodes, overhead_ms=head_cost_ms)
-    scored = (candidates.parents, path_probabilities(candidates.parents, cond))
-    (kept,), expected, cost = budget.choose([scored])
-    choices = candidates.choices
-    return tree_from_choices([choices[j - 1] for j in kept[1:]]), expected, cost
-
-
-def _likely_rank_paths(accuracy: list, count: int) -> list:
-    """The ``count`` rank paths most likely to be right, the rank-path tree cut to what the
-    budget may keep: a path is never likelier than its prefix, so they form a tree. Ties go as
-    in :meth:`TreeBudget.order` (shallower first, then by path)."""
-    paths: list = []
-    frontier: list = []
-
-    def push(path: tuple, p: float) -> None:
-        if len(path) < len(accuracy):
-            for r, a in enumerate(accuracy[len(path)]):
-                if a > 0:
-                    heapq.heappush(frontier, (-(p * a), len(path) + 1, path + (r,)))
-
-    push((), 1.0)
-    while frontier and len(paths) < count:
-        neg, _, path = heapq.heappop(frontier)
-        paths.append(path)
-        push(path, -neg)
-    return paths
 
 
 # ---------------------------------------------------------------------------- drafters

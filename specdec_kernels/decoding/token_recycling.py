@@ -34,7 +34,7 @@ Drafting
 --------
 The tree is a template of rank paths: node ``(r1, .., rd)`` holds the ``rd``-th successor of
 its parent node's token, gathered level by level on the device. Each request's template is the
-cost model's choice (:func:`~specdec_kernels.decoding.medusa.choose_tree`: the rank-path tree
+cost model's choice (:func:`~specdec_kernels.decoding.budget.choose_tree`: the rank-path tree
 that maximises expected tokens per unit of the step cost ``c(T)``), scored by that request's
 own running acceptance by depth and rank
 (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`, starting from
@@ -63,7 +63,7 @@ from specdec_kernels.decoding.drafter import (
     TreeProposal,
     check_size,
 )
-from specdec_kernels.decoding.medusa import choose_tree
+from specdec_kernels.decoding.budget import choose_tree
 
 __all__ = ["MAX_SUCCESSORS", "PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable",
            "TokenRecyclingDrafter", "prompt_successors"]
