@@ -14,15 +14,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec_kernels"
 LAYERS = [
     ["types", "sampling", "tree", "data", "drafters", "_C", "_build_config"],  # plain data
     ["ops", "reference"],  # the kernels' typed wrappers and their specification
-    ["models", "compat", "eagle"],  # adapters and drafter networks: HF models, other
-    # engines' signatures, the EAGLE draft network and its published file formats
+    ["models", "compat", "eagle", "medusa", "retrieval"],  # adapters and drafter assets: HF
+    # models, other engines' signatures, the EAGLE and Medusa networks and their file formats,
+    # retrieval datastores
     ["decoding"],  # the decoding loop and its drafters
     ["training"],  # builders of drafter assets: they decode with the target to make data
     ["hf", "cli", "bench", "demo", "__init__"],  # what users call
 ]
-# medusa/ and retrieval/ hold drafter assets (below decoding) beside the builders of those
-# assets (above it); they are not checked until the builders move out (issue 22, phase B).
-UNCHECKED = ("medusa", "retrieval")
 NEVER = [("reference", "ops"), ("ops", "reference")]
 
 
@@ -61,7 +59,7 @@ def imported_modules(path: Path) -> set:
     return out
 
 
-FILES = sorted(p for p in PACKAGE.rglob("*.py") if not module_name(p).startswith(UNCHECKED))
+FILES = sorted(PACKAGE.rglob("*.py"))
 
 
 def test_every_module_has_a_layer():
@@ -73,8 +71,6 @@ def test_imports_run_down_the_layers(path):
     here = module_name(path)
     assert layer_of(here) is not None, f"{here} has no layer"
     for target in imported_modules(path):
-        if target.startswith(UNCHECKED):
-            continue
         assert layer_of(target) is not None, f"{here} imports {target}, which has no layer"
         assert layer_of(target) <= layer_of(here), f"{here} imports {target}, a layer above it"
         for low, high in NEVER:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec_kernels import cli
-from specdec_kernels.medusa.data import chunk_path, load_cache, load_chunk, save_chunk
+from specdec_kernels.training.medusa_data import chunk_path, load_cache, load_chunk, save_chunk
 from specdec_kernels.medusa.heads import MedusaHeads, load_heads
 
 PACKAGE = Path(__file__).resolve().parents[1] / "specdec_kernels"

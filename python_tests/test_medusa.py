@@ -474,7 +474,7 @@ def test_cli_train_medusa_on_a_small_cache(tmp_path, loaded):
     """``specdec train medusa --skip-data`` trains on a cache in the data phase's format and
     saves heads with their held-out accuracies; the heads then decode."""
     from specdec_kernels import cli
-    from specdec_kernels.medusa.data import chunk_path, generate_chunk, load_cache
+    from specdec_kernels.training.medusa_data import chunk_path, generate_chunk, load_cache
 
     prompts = ["Name three colors.", "Count to five.", "Say hello.", "What is 2+2?"]
     generate_chunk(loaded, prompts, chunk_path(tmp_path / "data" / "first", 0),

@@ -42,7 +42,8 @@ from specdec_kernels.decoding.budget import (
     path_probabilities,
 )
 from specdec_kernels.decoding.retrieval import frequency_trie
-from specdec_kernels.retrieval import Datastore, build_datastore, read_corpus
+from specdec_kernels.retrieval import Datastore, build_datastore
+from specdec_kernels.training.retrieval_corpus import read_corpus
 
 # ---------------------------------------------------------------------------- datastore
 

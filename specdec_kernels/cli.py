@@ -42,8 +42,8 @@ __all__ = [
 
 #: Modules whose ``add_subcommand(subparsers)`` registers more subcommands (e.g. ``bench``).
 SUBCOMMAND_MODULES = [
-    "specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.medusa.train",
-    "specdec_kernels.retrieval.cli",
+    "specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.training.medusa",
+    "specdec_kernels.training.datastore_cli",
 ]
 
 #: Exceptions that report a user's mistake (bad argument values, missing files): printed as

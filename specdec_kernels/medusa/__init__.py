@@ -1,6 +1,7 @@
-"""Medusa heads for a frozen target: the heads (:mod:`.heads`), their self-distillation data
-(:mod:`.data`) and training (:mod:`.train`, ``specdec train medusa``). The drafters that
-decode with them are in :mod:`specdec_kernels.decoding.medusa`."""
+"""Medusa heads for a frozen target (:mod:`.heads`: the network and its file formats). Their
+self-distillation data and training (``specdec train medusa``) are asset builders:
+:mod:`specdec_kernels.training.medusa_data`, :mod:`specdec_kernels.training.medusa`. The drafters
+that decode with them are in :mod:`specdec_kernels.decoding.medusa`."""
 
 from specdec_kernels.medusa.heads import MedusaHeads, load_heads
 

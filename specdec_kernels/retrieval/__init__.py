@@ -1,8 +1,8 @@
-"""Retrieval datastores for REST-style drafting: build one from a corpus
-(:func:`build_from_files`, ``specdec datastore build``), make a corpus of the target's own
-answers (``specdec datastore corpus``), open and query one (:class:`Datastore`)."""
+"""Retrieval datastores for REST-style drafting: open and query one (:class:`Datastore`),
+build one from token sequences (:func:`build_datastore`). Building from a corpus of files or of
+the target's own answers (``specdec datastore build`` / ``corpus``) is an asset builder:
+:mod:`specdec_kernels.training.retrieval_corpus`."""
 
-from specdec_kernels.retrieval.corpus import build_from_files, read_corpus
 from specdec_kernels.retrieval.datastore import (
     Datastore,
     Lookup,
@@ -14,7 +14,5 @@ __all__ = [
     "Datastore",
     "Lookup",
     "build_datastore",
-    "build_from_files",
-    "read_corpus",
     "tokenizer_fingerprint",
 ]

@@ -1,4 +1,7 @@
-"""Asset builders above the decoding layer: self-distillation data from a frozen target and
-the trainers of the drafters that learn from it (EAGLE-3 style feature drafter; Medusa heads
-read the same data). The decoding layer never imports this package: what it loads (weights,
-configs) is defined beside the drafters that use it."""
+"""Asset builders above the decoding layer: self-distillation data from a frozen target
+(:mod:`.selfdistill`, Medusa's own :mod:`.medusa_data`), the trainers of the drafters that learn
+from it (:mod:`.eagle`, :mod:`.medusa`), and retrieval corpora and datastores
+(:mod:`.retrieval_corpus`, ``specdec datastore``: :mod:`.datastore_cli`). The decoding layer
+never imports this package: what it loads (weights, configs, datastores) is defined beside the
+drafters that use it (:mod:`specdec_kernels.medusa`, :mod:`specdec_kernels.eagle`,
+:mod:`specdec_kernels.retrieval`)."""

@@ -127,7 +127,7 @@ def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_
 
 def is_feature_cache(folder) -> bool:
     """Whether ``folder`` is a cache of this module (its manifest names the capture points),
-    not a Medusa-only cache of :mod:`specdec_kernels.medusa.data`."""
+    not a Medusa-only cache of :mod:`specdec_kernels.training.medusa_data`."""
     manifest = Path(folder) / "manifest.json"
     return manifest.is_file() and "layers" in json.loads(manifest.read_text())
 
@@ -234,7 +234,7 @@ def build_data(args, log=print) -> Path:
     and templates, interleaved with second-stage prompts built around the answers so far
     (summaries, translations, questions on a passage, rewrites). Stops starting chunks after
     ``args.time_budget`` seconds (a resumable piece of a long run)."""
-    from specdec_kernels.medusa.data import first_stage_prompts, second_stage_prompts
+    from specdec_kernels.training.medusa_data import first_stage_prompts, second_stage_prompts
     from specdec_kernels.models import load_model
 
     if getattr(args, "threads", None):

@@ -45,7 +45,7 @@ def _command(args) -> str:
 
 
 def _run_build(args) -> int:
-    from specdec_kernels.retrieval.corpus import build_from_files, read_corpus
+    from specdec_kernels.training.retrieval_corpus import build_from_files, read_corpus
 
     read_corpus(args.corpus)  # an empty or missing corpus fails before the model loads
     from specdec_kernels.models import load_model
@@ -62,7 +62,7 @@ def _run_build(args) -> int:
 
 def _run_corpus(args) -> int:
     from specdec_kernels.models import load_model
-    from specdec_kernels.retrieval.corpus import generate_corpus
+    from specdec_kernels.training.retrieval_corpus import generate_corpus
 
     loaded = load_model(args.model)
     info = generate_corpus(loaded, args.out, num_prompts=args.num_prompts,

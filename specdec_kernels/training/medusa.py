@@ -1,6 +1,6 @@
 """``specdec train medusa``: Medusa-1 self-distillation of heads for a frozen target, on CPU.
 
-1. Data (:mod:`~specdec_kernels.medusa.data`): the target answers prompts built from this
+1. Data (:mod:`~specdec_kernels.training.medusa_data`): the target answers prompts built from this
    package's topic list and templates (half greedy, half sampled), then prompts built around
    its own answers; the final-norm hidden state behind every emitted token is recorded by the
    engine's target-features doorway and cached once (``--data``, resumable chunk by chunk).
@@ -32,7 +32,7 @@ __all__ = ["add_subcommand", "build_examples", "evaluate_heads", "train_heads"]
 
 
 def build_data(args, log=print) -> Path:
-    from specdec_kernels.medusa.data import (
+    from specdec_kernels.training.medusa_data import (
         answers_of,
         chunk_path,
         first_stage_prompts,
@@ -234,7 +234,7 @@ def train_heads(heads, examples: dict, *, epochs: int, lr: float, teacher_weight
 
 
 def run_training(args, log=print) -> Path:
-    from specdec_kernels.medusa.data import load_cache
+    from specdec_kernels.training.medusa_data import load_cache
     from specdec_kernels.medusa.heads import MedusaHeads
     from specdec_kernels.models import load_model
     from specdec_kernels.training.selfdistill import DataCache, is_feature_cache
@@ -374,7 +374,7 @@ def add_data_arguments(p) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m specdec_kernels.medusa.train")
+    parser = argparse.ArgumentParser(prog="python3 -m specdec_kernels.training.medusa")
     sub = parser.add_subparsers(dest="phase", required=True)
     add_data_arguments(sub.add_parser("data", help="generate and cache the data only"))
     p = sub.add_parser("heads", help="train heads on the cached data only")
