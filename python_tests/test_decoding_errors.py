@@ -10,6 +10,7 @@ from specdec_kernels.decoding import (
     PromptLookupDrafter,
     SelfSpeculativeDrafter,
     generate,
+    make_drafter,
 )
 from specdec_kernels.decoding.draft_model import check_same_vocabulary
 
@@ -92,6 +93,13 @@ def test_token_ids_outside_the_vocabulary(model):
         (dict(drafter="hydra"), "unknown drafter 'hydra'"),
         (dict(drafter="eagle"), "EAGLE draft was trained for a target of hidden size 576"),
         (dict(drafter="draft-model"), "needs draft_model"),
+        (dict(drafter=3), "drafter must be a Drafter or a drafter name, got int"),
+        (dict(drafter="prompt-lookup", draft_model=torch.nn.Linear(1, 1)),
+         "the prompt-lookup drafter drafts without one: pass drafter='draft-model'"),
+        (dict(drafter=PromptLookupDrafter(), draft_model=torch.nn.Linear(1, 1)),
+         "draft_model was given: pass drafter='draft-model'"),
+        (dict(drafter="multi", draft_model=torch.nn.Linear(1, 1)),
+         "no prophet drafts with it: add 'draft-model' to prophets"),
     ],
 )
 def test_bad_settings(model, kwargs, message):
@@ -123,3 +131,10 @@ def test_self_speculative_layer_count(model, layers):
 def test_bad_drafter_settings(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_multi_hands_the_draft_model_to_its_draft_model_prophet_only(model):
+    draft = tiny_model("llama", vocab=32, seed=1)
+    out = generate(model, [[1, 2, 3]], drafter=make_drafter("multi", prophets="prompt-lookup,draft-model",
+                                                             draft_model=draft), max_new_tokens=6)
+    assert out.tokens == generate(model, [[1, 2, 3]], max_new_tokens=6).tokens

@@ -430,6 +430,13 @@ def test_unsupported_combinations_raise(model, kwargs, message):
         model.generate(**left_pad(PROMPTS[:2]), max_new_tokens=4, **CUSTOM, **kwargs)
 
 
+def test_prompt_ids_outside_the_vocabulary_raise(model):
+    inputs = left_pad(PROMPTS[:2])
+    inputs["input_ids"][1, -1] = model.config.vocab_size
+    with pytest.raises(ValueError, match=r"prompt 1 has token ids outside the vocabulary"):
+        model.generate(**inputs, max_new_tokens=4, **CUSTOM)
+
+
 def test_more_refusals(model, draft):
     with pytest.raises(ValueError, match="assistant_model"):
         model.generate(**left_pad(PROMPTS[:1]), max_new_tokens=4, assistant_model=draft, **CUSTOM)

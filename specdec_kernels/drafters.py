@@ -165,6 +165,9 @@ class DrafterSpec:
         One line: what it drafts with (the bench's method description, ``--help``).
     needs_draft_model : bool
         It drafts with a second model (``draft_model=``, ``--draft-model``, ``--draft``).
+    passes_draft_model : bool
+        It hands ``draft_model`` on to the drafters it merges (``multi``); any other drafter
+        given a draft model is an error.
     default_prophet : int, optional
         Its place among the prophets ``multi`` merges by default (``None``: not merged
         unless named).
@@ -177,6 +180,7 @@ class DrafterSpec:
     drafter: str | None
     description: str
     needs_draft_model: bool = False
+    passes_draft_model: bool = False
     default_prophet: int | None = None
     method: str | None = None
 
@@ -477,7 +481,7 @@ register(DrafterSpec("suffix", SuffixOptions, _D + "suffix:SuffixDrafter",
                      "task)", default_prophet=2))
 register(DrafterSpec("multi", MultiOptions, _D + "multi:MultiDrafter",
                      "prompt lookup + suffix + token recycling + retrieval + Medusa "
-                     "heads, merged into one budgeted tree"))
+                     "heads, merged into one budgeted tree", passes_draft_model=True))
 register(DrafterSpec("eagle", EagleOptions, _D + "eagle:EagleDrafter",
                      "EAGLE-3 draft on the target's features (shipped), EAGLE-2 dynamic "
                      "tree"))

@@ -395,9 +395,8 @@ def _decode(
 ):
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-    from specdec_kernels import drafters
-    from specdec_kernels.decoding import Drafter, Engine, make_drafter
-    from specdec_kernels.sampling import SamplingParams
+    from specdec_kernels.decoding import Engine
+    from specdec_kernels.decoding.api import check_prompts, resolve_drafter, sampling_params
 
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("specdec_kernels.hf.generate supports decoder-only models only")
@@ -410,16 +409,7 @@ def _decode(
             f"a streamer takes one sequence; got a batch of {batch} (transformers' streamers "
             "support batch size 1)"
         )
-    takes_draft = isinstance(drafter, str) and drafter in drafters.DRAFTER_NAMES and \
-        drafters.spec(drafter).needs_draft_model
-    if draft_model is not None and not takes_draft:
-        raise ValueError("draft_model was given: pass drafter='draft-model' to use it")
-    if isinstance(drafter, str):
-        drafter = make_drafter(drafter, draft_model=draft_model)
-    elif drafter is not None and not isinstance(drafter, Drafter):
-        raise ValueError(
-            f"drafter must be a Drafter or a drafter name, got {type(drafter).__name__}"
-        )
+    drafter = resolve_drafter(drafter, draft_model=draft_model)
 
     max_new = int(generation_config.max_length) - width
     if max_new < 1:
@@ -432,10 +422,10 @@ def _decode(
     stop = _criteria_stop(stopping_criteria, padded_rows, max_new, eos_ids, min_new)
 
     engine = Engine(model, drafter, tokenizer)
-    device = engine.runner.device
+    check_prompts(prompts, engine.runner.vocab_size)
     # One random stream per row, seeded from torch's generator (torch.manual_seed reproduces).
-    seeds = torch.randint(0, 2**62, (batch,))
-    params = SamplingParams.create(batch, seed=seeds, device=device, **settings)
+    seeds = torch.randint(0, 2**62, (batch,)).tolist()
+    params = sampling_params(batch, engine.runner.device, seed=seeds, **settings)
 
     on_emit = None
     if streamer is not None:

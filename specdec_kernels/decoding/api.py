@@ -14,7 +14,15 @@ from specdec_kernels.decoding.stats import RunStats
 from specdec_kernels.drafters import DRAFTER_NAMES
 from specdec_kernels.sampling import SamplingParams
 
-__all__ = ["DRAFTER_NAMES", "GenerationOutput", "generate", "make_drafter"]
+__all__ = [
+    "DRAFTER_NAMES",
+    "GenerationOutput",
+    "check_prompts",
+    "generate",
+    "make_drafter",
+    "resolve_drafter",
+    "sampling_params",
+]
 
 
 @dataclass
@@ -157,6 +165,69 @@ def eos_token_ids(model, tokenizer, eos_token_id=None) -> set:
     return ids
 
 
+def resolve_drafter(drafter, *, draft_model=None, draft_tokenizer=None) -> Drafter | None:
+    """The drafter of a request: a :class:`Drafter`, or one made by its registered name
+    (:func:`make_drafter`, its defaults); ``None`` for plain decoding. Shared by
+    :func:`generate` and :func:`specdec_kernels.hf.generate`.
+
+    Raises
+    ------
+    ValueError
+        Neither a drafter nor a name, an unknown name, or a ``draft_model`` for a drafter that
+        does not draft with one.
+    """
+    if isinstance(drafter, str):
+        return make_drafter(drafter, draft_model=draft_model, draft_tokenizer=draft_tokenizer)
+    if draft_model is not None:
+        raise ValueError("draft_model was given: pass drafter='draft-model' to use it")
+    if drafter is not None and not isinstance(drafter, Drafter):
+        raise ValueError(f"drafter must be a Drafter or a drafter name, got {type(drafter).__name__}")
+    return drafter
+
+
+def check_prompts(prompts: list, vocab: int) -> None:
+    """Every prompt (a list of token ids) has a token, and every id is in ``[0, vocab)``.
+
+    Raises
+    ------
+    ValueError
+        Naming the first prompt that fails.
+    """
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+
+
+def sampling_params(batch: int, device, *, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0,
+                    seed=0) -> SamplingParams:
+    """Per-request sampling parameters, each given once for the batch or as one value per
+    request, checked before anything runs.
+
+    Raises
+    ------
+    ValueError
+        A sequence of the wrong length, ``temperature < 0``, ``top_k < 0``, ``top_p`` outside
+        ``(0, 1]`` or ``min_p`` outside ``[0, 1)``.
+    """
+    temps = _per_request(temperature, batch, "temperature")
+    if any(t < 0 for t in temps):
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    tops = _per_request(top_p, batch, "top_p")
+    if any(not 0 < p <= 1 for p in tops):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    ks = _per_request(top_k, batch, "top_k")
+    if any(k < 0 for k in ks):
+        raise ValueError(f"top_k must be >= 0, got {top_k}")
+    min_ps = _per_request(min_p, batch, "min_p")
+    if any(not 0 <= m < 1 for m in min_ps):
+        raise ValueError(f"min_p must be in [0, 1), got {min_p}")
+    seeds = _per_request(seed, batch, "seed")
+    return SamplingParams.create(batch, temperature=temps, top_k=ks, top_p=tops, min_p=min_ps,
+                                 seed=seeds, device=device)
+
+
 def generate(
     model,
     inputs,
@@ -254,49 +325,20 @@ def generate(
     if hasattr(draft_model, "model") and hasattr(draft_model, "tokenizer"):
         draft_tokenizer = draft_tokenizer if draft_tokenizer is not None else draft_model.tokenizer
         draft_model = draft_model.model
-    if isinstance(drafter, str):
-        drafter = make_drafter(drafter, draft_model=draft_model, draft_tokenizer=draft_tokenizer)
-    elif draft_model is not None:
-        raise ValueError('draft_model was given: pass drafter="draft-model" to use it')
-
+    drafter = resolve_drafter(drafter, draft_model=draft_model, draft_tokenizer=draft_tokenizer)
     engine = Engine(model, drafter, tokenizer, cpu_kernels=cpu_kernels)
     device = engine.runner.device
     prompts = _as_token_lists(inputs, tokenizer, chat_template, device)
+    check_prompts(prompts, engine.runner.vocab_size)
     batch = len(prompts)
-    vocab = engine.runner.vocab_size
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-        if min(p) < 0 or max(p) >= vocab:
-            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
-
     limits = _per_request(max_new_tokens, batch, "max_new_tokens")
     if any(int(n) < 1 for n in limits):
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     context = getattr(engine.runner.config, "max_position_embeddings", None)
     if context:
         prompts = fit_context(prompts, [int(n) for n in limits], int(context), truncate_prompt)
-    temps = _per_request(temperature, batch, "temperature")
-    if any(t < 0 for t in temps):
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    tops = _per_request(top_p, batch, "top_p")
-    if any(not 0 < p <= 1 for p in tops):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    ks = _per_request(top_k, batch, "top_k")
-    if any(k < 0 for k in ks):
-        raise ValueError(f"top_k must be >= 0, got {top_k}")
-    min_ps = _per_request(min_p, batch, "min_p")
-    if any(not 0 <= m < 1 for m in min_ps):
-        raise ValueError(f"min_p must be in [0, 1), got {min_p}")
-    params = SamplingParams.create(
-        batch,
-        temperature=temps,
-        top_k=ks,
-        top_p=tops,
-        min_p=min_ps,
-        seed=_per_request(seed, batch, "seed"),
-        device=device,
-    )
+    params = sampling_params(batch, device, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p, seed=seed)
 
     if stop_strings is None:
         stops = [[] for _ in range(batch)]

@@ -66,14 +66,18 @@ def make_drafter(name: str | None, *, draft_model=None, draft_tokenizer=None, **
     Raises
     ------
     ValueError
-        An unknown name, options or a draft model given to plain decoding, a drafter that needs
-        a draft model without one, or the drafter's own checks (sizes, files).
+        An unknown name, options given to plain decoding, a drafter that needs a draft model
+        without one, a draft model for a drafter that drafts without one, or the drafter's own
+        checks (sizes, files).
     """
     entry = registry.spec("none" if name is None else name)
     if entry.drafter is None and (options or draft_model is not None):
         raise ValueError("drafter options were given without a drafter")
     if entry.needs_draft_model and draft_model is None:
         raise ValueError(f"the {entry.name} drafter needs draft_model=...")
+    if draft_model is not None and not (entry.needs_draft_model or entry.passes_draft_model):
+        raise ValueError(f"draft_model was given, but the {entry.name} drafter drafts without "
+                         "one: pass drafter='draft-model' to use it")
     values = entry.options(**options)
     cls = drafter_class(entry.name)
     if cls is None:

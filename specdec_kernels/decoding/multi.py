@@ -131,9 +131,10 @@ class MultiDrafter(Drafter):
         """``make_drafter("multi", prophets=..., ...)``: each prophet made by its registry
         entry with its defaults, plus the shared options it declares (:data:`SHARED_OPTIONS`;
         the cost curve only to prophets that keep their own budget: the others' is off, the
-        merged tree is budgeted here), and ``context`` (a draft model)."""
+        merged tree is budgeted here), and ``context`` (a draft model: for the prophets that
+        draft with one)."""
         from specdec_kernels import drafters as registry
-        from specdec_kernels.decoding.factory import make_drafter
+        from specdec_kernels.decoding.factory import DrafterContext, make_drafter
 
         prophets = options.prophets
         if isinstance(prophets, str):
@@ -151,14 +152,19 @@ class MultiDrafter(Drafter):
                        if "memory" in registry.option_fields(registry.spec(n).options)]
             raise ValueError(f"memory: only the {' or '.join(readers)} prophet reads a memory; "
                              "add it to prophets")
+        takes_model = [p for p in prophets if registry.spec(p).needs_draft_model]
+        if context.draft_model is not None and not takes_model:
+            raise ValueError("draft_model was given, but no prophet drafts with it: add "
+                             "'draft-model' to prophets")
         drafters = []
         for p in prophets:
             given = {k: getattr(options, k) for k in cls.SHARED_OPTIONS if k in fields[p]}
             if "budget" in fields[p]:
                 given["budget"] = False  # the merged tree is budgeted
                 given.pop("cost_curve", None)
-            drafters.append(make_drafter(p, draft_model=context.draft_model,
-                                         draft_tokenizer=context.draft_tokenizer, **given))
+            model = context if p in takes_model else DrafterContext()
+            drafters.append(make_drafter(p, draft_model=model.draft_model,
+                                         draft_tokenizer=model.draft_tokenizer, **given))
         return cls(drafters, cost_curve=options.cost_curve, max_nodes=options.max_nodes)
 
     def bind(self, runner, tokenizer) -> None:
