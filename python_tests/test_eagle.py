@@ -329,6 +329,30 @@ def test_bad_published_checkpoints_are_refused(tiny, tmp_path):
         load_eagle(tmp_path / "missing")
 
 
+
+@pytest.mark.parametrize("damage", ["truncated safetensors", "pickle payload"])
+def test_damaged_or_planted_eagle_weights_are_refused(tiny, tmp_path, damage):
+    """EAGLE checkpoints go through the same safe readers as Medusa heads: a damaged
+    safetensors file or a ``pytorch_model.bin`` with a payload is a ValueError naming the file,
+    and the payload never runs."""
+    folder = tmp_path / "d"
+    save_eagle(random_draft(tiny, 40), folder)
+    weights = folder / "model.safetensors"
+    marker = tmp_path / "payload-ran"
+    if damage == "truncated safetensors":
+        weights.write_bytes(weights.read_bytes()[:100])
+        match = "model.safetensors is not a readable safetensors file"
+    else:
+        from python_tests.test_loader_safety import Payload
+
+        weights.unlink()
+        torch.save({"fc.weight": Payload(marker)}, folder / "pytorch_model.bin")
+        match = "pytorch_model.bin is not a plain tensor checkpoint; it is refused, never executed"
+    with pytest.raises(ValueError, match=match):
+        load_eagle(folder)
+    assert not marker.exists()
+
+
 # ---------------------------------------------------------------------------- shipped drafter
 
 NEW_TOKENS = 24

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "specdec_kernels"
 LAYERS = [
     ["types", "sampling", "tree", "data", "drafters", "_C", "_build_config"],  # plain data
     ["ops", "reference"],  # the kernels' typed wrappers and their specification
-    ["models", "compat", "eagle", "medusa", "retrieval"],  # adapters and drafter assets: HF
+    ["models", "compat", "eagle", "medusa", "retrieval", "weight_files"],  # adapters and drafter assets: HF
     # models, other engines' signatures, the EAGLE and Medusa networks and their file formats,
     # retrieval datastores
     ["decoding"],  # the decoding loop and its drafters

@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from specdec_kernels.weight_files import read_json, read_weight_folder
+
 __all__ = ["Eagle1DraftModel", "EagleConfig", "EagleDraftModel", "load_eagle", "save_eagle"]
 
 
@@ -354,24 +356,6 @@ def save_eagle(model: EagleDraftModel, folder) -> Path:
     return folder
 
 
-def _read_weights(folder: Path) -> dict:
-    shards = sorted(folder.glob("*.safetensors"))
-    if shards:
-        from safetensors.torch import load_file
-
-        out = {}
-        for s in shards:
-            out.update(load_file(str(s)))
-        return out
-    bins = sorted(folder.glob("pytorch_model*.bin"))
-    if bins:
-        out = {}
-        for b in bins:
-            out.update(torch.load(str(b), map_location="cpu", weights_only=True))
-        return out
-    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
-
-
 class Eagle1DraftModel(EagleDraftModel):
     """An EAGLE-1 (and EAGLE-2) draft, as the EAGLE repository publishes them: ``fc`` over
     ``[embedding of the next token, the target's final-norm state]`` (``2 H -> H``, with bias),
@@ -456,9 +440,9 @@ def load_eagle(folder, target_num_layers: int | None = None) -> EagleDraftModel:
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"no EAGLE draft at {folder} (config.json missing)")
-    data = json.loads((folder / "config.json").read_text())
+    data = read_json(folder / "config.json")
     weights = {k.replace("layers.0.", "midlayer.").removeprefix("model."): v
-               for k, v in _read_weights(folder).items()}
+               for k, v in read_weight_folder(folder).items()}
     fc = weights.get("fc.weight")
     if fc is not None and "hidden_size" in data and fc.shape[1] == 2 * int(data["hidden_size"]):
         return _load_eagle1(data, weights)

@@ -22,12 +22,12 @@ also records training accuracies), or the FasterDecoding/Medusa format
 from __future__ import annotations
 
 import json
-import pickle
-import re
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+
+from specdec_kernels.weight_files import read_json, read_safetensors, read_torch_weights
 
 __all__ = [
     "CONFIG_NAME",
@@ -222,49 +222,8 @@ class MedusaHeads(nn.Module):
         return folder
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from None
-
-
-def _read_safetensors(path: Path) -> dict:
-    """The tensors of a safetensors file (a format that cannot run code); a damaged file is a
-    ``ValueError`` naming it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except SafetensorError as error:
-        raise ValueError(
-            f"{path} is not a readable safetensors file (corrupt or truncated: {error})"
-        ) from None
-
-
-def _read_torch_weights(path: Path) -> dict:
-    """The tensors of a ``torch.save`` checkpoint, read with ``weights_only=True``: torch's
-    restricted unpickler builds tensors and plain containers only, so a planted payload is
-    refused, never run. A damaged or non-tensor file is a ``ValueError`` naming it."""
-    try:
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
-        # torch's own message advises turning the restriction off: not repeated here.
-        reason = re.search(r"WeightsUnpickler error:\s*(.+?)(\.\s|\n|$)", str(error), re.S)
-        why = reason.group(1).strip() if reason else str(error).split(".")[0]
-        raise ValueError(
-            f"{path} is not a plain tensor checkpoint; it is refused, never executed "
-            f"(torch.load with weights_only=True: {why})"
-        ) from None
-    if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
-        raise ValueError(f"{path} does not hold a state dict of named tensors")
-    return state
-
-
 def _load_ours(folder: Path) -> MedusaHeads:
-    config = _read_json(folder / CONFIG_NAME)
+    config = read_json(folder / CONFIG_NAME)
     weights = folder / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{folder} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
@@ -272,7 +231,7 @@ def _load_ours(folder: Path) -> MedusaHeads:
                if k not in config]
     if missing:
         raise ValueError(f"{folder / CONFIG_NAME} lacks {missing}")
-    state = _read_safetensors(weights)
+    state = read_safetensors(weights)
     if config["projection"] not in ("shared", "own"):
         raise ValueError(f"{folder / CONFIG_NAME}: unknown projection {config['projection']!r}")
     draft_ids = state.get("draft_ids")
@@ -316,14 +275,14 @@ def _load_fasterdecoding(folder: Path, weights: Path) -> MedusaHeads:
             f"{folder} has {weights.name} but no config.json (with medusa_num_heads, "
             "medusa_num_layers)"
         )
-    config = _read_json(config_path)
+    config = read_json(config_path)
     if "medusa_num_heads" not in config or "medusa_num_layers" not in config:
         raise ValueError(f"{config_path} lacks medusa_num_heads / medusa_num_layers")
     num_heads, num_layers = int(config["medusa_num_heads"]), int(config["medusa_num_layers"])
     if weights.suffix == ".safetensors":
-        state = _read_safetensors(weights)
+        state = read_safetensors(weights)
     else:
-        state = _read_torch_weights(weights)
+        state = read_torch_weights(weights)
     state = {k.removeprefix("medusa_head."): v for k, v in state.items()}
     proj = state.get(f"0.{num_layers}.weight")
     if proj is None:
