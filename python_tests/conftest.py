@@ -10,8 +10,11 @@ import pytest
 import torch
 
 # Tests run the package's CPU kernels unless they ask otherwise (the measured default of
-# kernel_choice has its own tests), and keep measurements out of the user's cache.
+# kernel_choice has its own tests), size trees from the shipped step-cost curve (tree sizes must
+# not depend on the machine's timing; calibration has its own tests), and keep measurements out
+# of the user's cache.
 os.environ.setdefault("SPECDEC_CPU_KERNELS", "package")
+os.environ.setdefault("SPECDEC_STEP_COST", "shipped")
 os.environ.setdefault("SPECDEC_CACHE_DIR", tempfile.mkdtemp(prefix="specdec-test-cache-"))
 
 import specdec_kernels  # noqa: E402

@@ -256,6 +256,46 @@ def _add_generate(subparsers) -> None:
     p.set_defaults(func=_run_generate)
 
 
+def _add_calibrate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate",
+        help="measure this machine's step cost for a model (sizes every drafter's trees)",
+        description="Measure c(T), the cost of one forward over T tokens after a cached "
+        "prefix, for the model on this machine, and keep it where the drafters read it "
+        "(measured on first use otherwise; run again after changing threads, ISA or kernels).",
+    )
+    p.add_argument("--model", default="default", help="'default', an HF folder or a .gguf file")
+    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--weights", default="file", choices=["file", "float32"],
+                   help="GGUF models: at the file's precision (default) or dequantized")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run_calibrate)
+
+
+def _run_calibrate(args) -> int:
+    from specdec_kernels.decoding import ModelRunner, calibration
+    from specdec_kernels.models import load_model
+
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device, weights=args.weights)
+    runner = ModelRunner(loaded.model)
+    try:
+        curve = calibration.calibrate(runner)
+    finally:
+        runner.release()
+    points = dict(curve.points)
+    if args.json:
+        print(json.dumps({"latency_ms": points, "source": curve.source,
+                          "kernels": runner.kernels.describe()}))
+        return 0
+    print(f"step cost of {args.model} on this machine ({runner.kernels.path} kernels, "
+          f"{runner.kernels.isa}), kept in {curve.source.removeprefix('measured here (')[:-1]}:")
+    print(f"{'T':<10}" + "".join(f"{t:>8}" for t in points))
+    print(f"{'ms':<10}" + "".join(f"{ms:>8.2f}" for ms in points.values()))
+    print(f"{'c(T)/c(1)':<10}" + "".join(f"{ms / points[1]:>8.2f}" for ms in points.values()))
+    return 0
+
+
 def _generate_drafter_options(args) -> dict:
     """The drafter's options; a draft model without a drafter that takes one, or options for
     another drafter, are errors."""
@@ -403,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_debug_argument(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_generate(subparsers)
+    _add_calibrate(subparsers)
     for module_name in SUBCOMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)

@@ -292,7 +292,7 @@ def _max_depth(default):
 
 def _cost_curve():
     return text(None, "step-cost JSON (bench.cost_curve) that sizes the tree "
-                "(default: the shipped CPU curve)")
+                "(default: this machine's, measured on first use)")
 
 
 def _heads():

@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="heads folder for ours-medusa/ours-blockwise (default: shipped)")
     parser.add_argument("--medusa-cost-curve",
                         help="step-cost JSON the medusa/blockwise trees are derived from "
-                             "(default: the shipped CPU curve)")
+                             "(default: this machine's, measured on first use)")
     parser.add_argument("--exit-layer", type=positive,
                         help="layers the self-speculative drafts use (ours and HF alike)")
     parser.add_argument("--device", default="cpu")

@@ -57,8 +57,10 @@ engine commits the same way whatever the rule and the shape. A new rule is a sub
 ``AcceptanceRule`` with a method per shape.
 
 **A cost model** (:mod:`~specdec_kernels.decoding.cost`, :mod:`~specdec_kernels.decoding.budget`).
-The device's measured step cost ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`) and
-running acceptance statistics by prophet, depth and rank
+The device's measured step cost ``c(T)`` (:class:`~specdec_kernels.decoding.cost.StepCost`,
+from ``runner.step_cost(curve)`` in :meth:`Drafter.bind`: the caller's curve, else this
+machine's for this model, measured on first use and cached,
+:mod:`~specdec_kernels.decoding.calibration`) and running acceptance statistics by prophet, depth and rank
 (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`) let a drafter size its tree each
 step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that maximise
 expected tokens per unit of step cost (retrieval and merged prophets use it each step; Medusa's

@@ -80,7 +80,8 @@ class EagleDrafter(Drafter):
     max_nodes : int
         Most drafted nodes a tree keeps (the cost model picks fewer when they do not pay).
     cost_curve : str, Path, dict or StepCost, optional
-        The device's step-cost curve (the shipped CPU curve by default).
+        The device's step-cost curve (default: this machine's, see
+        :meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
     """
 
     name = "eagle"
@@ -123,7 +124,7 @@ class EagleDrafter(Drafter):
         draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
         draft.to(device=runner.device, dtype=torch.float32).eval()
         draft.bind_target(runner.model)
-        self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
         # Weight-read share of one draft forward in a one-token target step (what a forward
         # costs where steps are memory bound, e.g. a GPU): the projection's draft cost.
         own = sum(p.numel() for p in draft.parameters() if p.dim() > 1)

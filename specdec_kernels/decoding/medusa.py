@@ -31,7 +31,6 @@ from torch import Tensor
 from specdec_kernels import ops
 from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
 from specdec_kernels.decoding.budget import choose_tree
-from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import (
     BLOCK_LIMIT_REASON,
     MAX_BLOCK_WIDTH,
@@ -154,7 +153,7 @@ class _HeadsDrafter(Drafter):
         self._head_fraction = self.head_cost_fraction(runner)
         tree = self._given_tree
         if tree is None:  # derived: no deeper than the heads guess (one accuracy row each)
-            curve = StepCost.load(self.cost_curve)
+            curve = runner.step_cost(self.cost_curve)
             tree, self._expected, self._cost_ms = choose_tree(
                 self.rank_accuracy(), curve, head_cost_ms=curve(1) * self._head_fraction,
                 max_nodes=self.max_nodes, chain=self._chain,
@@ -223,8 +222,8 @@ class MedusaDrafter(_HeadsDrafter):
         A fixed tree of rank paths; by default derived by :func:`choose_tree` from the heads'
         rank accuracies and ``cost_curve``.
     cost_curve : str, Path, dict or StepCost, optional
-        The device's step-cost curve (``bench.cost_curve`` JSON); the shipped CPU curve by
-        default.
+        The device's step-cost curve (``bench.cost_curve`` JSON); by default this machine's
+        (:meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
     max_nodes : int
         Most drafted nodes a derived tree may have.
     acceptance : str

@@ -82,7 +82,8 @@ class MultiDrafter(Drafter):
     drafters : sequence of Drafter
         The prophets (at least one). Names must differ (a repeated name gets ``#2``, ...).
     cost_curve : str, Path, dict, StepCost or None
-        The step-cost curve ``c(T)`` the budget uses (the shipped CPU curve by default).
+        The step-cost curve ``c(T)`` the budget uses (default: this machine's, see
+        :meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
     max_nodes : int
         Most drafted nodes per request and step.
     priors : dict, optional
@@ -170,7 +171,7 @@ class MultiDrafter(Drafter):
     def bind(self, runner, tokenizer) -> None:
         for d in self.drafters:
             d.bind(runner, tokenizer)
-        self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
         drafted = sum(max(d.max_block_width() - 1, 0) for d in self.drafters)

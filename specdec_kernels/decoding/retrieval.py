@@ -140,7 +140,7 @@ class RetrievalDrafter(Drafter):
     def bind(self, runner, tokenizer) -> None:
         self.datastore.check_tokenizer(tokenizer, vocab_size=runner.vocab_size)
         self.store = self.datastore
-        self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
         return self.max_nodes + 1

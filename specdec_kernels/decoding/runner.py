@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdec_kernels.decoding import kernel_choice
+from specdec_kernels.decoding import calibration, kernel_choice
+from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
 from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
@@ -154,6 +155,7 @@ class ModelRunner:
         # Models set to the registered tree-attention kernel get tree metadata, not masks.
         self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         self.device, self.dtype = first.device, first.dtype
+        self._step_cost = None
 
     @property
     def kernels(self) -> kernel_choice.KernelChoice:
@@ -183,6 +185,18 @@ class ModelRunner:
             self.model.set_attn_implementation(ATTENTION_NAME)
             self.uses_tree_kernel = self.config._attn_implementation == ATTENTION_NAME
         return True
+
+    def step_cost(self, curve=None) -> StepCost:
+        """``c(T)``, the cost of one forward over ``T`` tokens per request, for sizing drafts
+        and trees: ``curve`` when given (see :meth:`StepCost.load
+        <specdec_kernels.decoding.cost.StepCost.load>`), else this machine's for this model
+        (:func:`~specdec_kernels.decoding.calibration.machine_step_cost`: measured on first
+        use, then cached per machine and model)."""
+        if curve is not None:
+            return StepCost.load(curve)
+        if self._step_cost is None:
+            self._step_cost = calibration.machine_step_cost(self)
+        return self._step_cost
 
     def release(self) -> None:
         """Give the model back its own attention implementation (if this runner switched it)."""

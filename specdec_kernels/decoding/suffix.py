@@ -205,7 +205,7 @@ class SuffixDrafter(Drafter):
         self._outputs: list = []
 
     def bind(self, runner, tokenizer) -> None:
-        self.budget = TreeBudget(self.cost_curve, max_nodes=self.max_nodes)
+        self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
         return self.max_nodes + 1

@@ -287,7 +287,8 @@ class TokenRecyclingDrafter(Drafter):
     max_depth : int
         Deepest node.
     cost_curve : str, Path, dict, StepCost or None
-        The step cost ``c(T)`` that sizes the tree (the shipped CPU curve by default).
+        The step cost ``c(T)`` that sizes the tree (default: this machine's, see
+        :meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
     budget : bool
         Size each request's tree with the cost model and its running acceptance (default);
         ``False`` proposes the ``max_nodes`` most likely nodes (e.g. when a
@@ -326,7 +327,7 @@ class TokenRecyclingDrafter(Drafter):
             raise ValueError(
                 f"successors: {self.k} exceeds the vocabulary of {runner.vocab_size} tokens"
             )
-        self.step_cost = StepCost.load(self.cost_curve)
+        self.step_cost = runner.step_cost(self.cost_curve)
         self.table = SuccessorTable(runner.vocab_size, self.k, runner.device)
 
     def max_block_width(self) -> int:

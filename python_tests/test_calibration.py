@@ -1,0 +1,103 @@
+"""The step-cost curve is measured on the machine the package runs on (issue 21): once per
+machine and model, kept in the machine cache, read by every drafter that sizes a tree, and
+remeasured by ``specdec calibrate``."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from python_tests.decoding_helpers import tiny_model
+from specdec_kernels import cli
+from specdec_kernels.decoding import ModelRunner, TokenRecyclingDrafter, calibration, machine_cache
+from specdec_kernels.decoding.budget import AcceptanceStats
+from specdec_kernels.decoding.cost import StepCost
+
+
+@pytest.fixture
+def machine_mode(monkeypatch, tmp_path):
+    """Machine curves (the suite's default is the shipped one) in a cache of this test's own."""
+    monkeypatch.setenv("SPECDEC_STEP_COST", "machine")
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", vocab=64, layers=2)
+
+
+def test_measured_curve_covers_every_width_and_never_falls(model):
+    runner = ModelRunner(model)
+    try:
+        curve = calibration.measure_step_cost(runner, widths=(1, 3, 8, 17), prefix=9, rounds=2)
+    finally:
+        runner.release()
+    assert list(curve) == [1, 3, 8, 17]
+    values = list(curve.values())
+    assert all(v > 0 for v in values) and values == sorted(values)
+
+
+def test_measured_once_then_read_from_the_machine_cache(model, machine_mode, monkeypatch, capsys):
+    calls = []
+
+    def fake_measure(runner, **kwargs):
+        calls.append(runner)
+        return {1: 10.0, 8: 12.0, 64: 40.0}
+
+    monkeypatch.setattr(calibration, "measure_step_cost", fake_measure)
+    first = ModelRunner(model).step_cost()
+    assert "measuring this machine's step cost" in capsys.readouterr().err
+    assert first.points == [(1, 10.0), (8, 12.0), (64, 40.0)]
+    assert first.source.startswith("measured here")
+    # Another runner (another process would be the same): read, not measured.
+    again = ModelRunner(model).step_cost()
+    assert again.points == first.points and len(calls) == 1
+    assert capsys.readouterr().err == ""
+    # Another model shape is another entry.
+    ModelRunner(tiny_model("llama", vocab=64, layers=3)).step_cost()
+    assert len(calls) == 2
+    stored = json.loads(machine_cache.cache_file().read_text())
+    assert sum('"kind": "step_cost"' in key for key in stored) == 2
+
+
+def test_a_given_curve_wins_and_the_shipped_one_on_request(model, machine_mode, monkeypatch):
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: pytest.fail("measured"))
+    runner = ModelRunner(model)
+    assert runner.step_cost({1: 2.0, 4: 3.0}).points == [(1, 2.0), (4, 3.0)]
+    monkeypatch.setenv("SPECDEC_STEP_COST", "shipped")
+    assert runner.step_cost().points == StepCost.load(None).points
+    monkeypatch.setenv("SPECDEC_STEP_COST", "measured")
+    with pytest.raises(ValueError, match="SPECDEC_STEP_COST must be 'machine' or 'shipped', got 'measured'"):
+        ModelRunner(model).step_cost()
+
+
+@pytest.mark.parametrize("curve, nodes", [({1: 10.0, 128: 10.0}, 12), ({1: 10.0, 2: 15.0, 128: 3000.0}, 1)])
+def test_trees_are_sized_from_the_machine_curve(model, machine_mode, monkeypatch, curve, nodes):
+    """Token recycling's template on a flat curve keeps every node it may; on a steep one
+    (a third token costs 2.6 steps) a single draft."""
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: curve)
+    drafter = TokenRecyclingDrafter(max_nodes=12)
+    drafter.bind(ModelRunner(model), None)
+    assert drafter.describe()["cost_curve"].startswith("measured here")
+    stats = AcceptanceStats(priors={drafter.name: 0.9})
+    assert len(drafter.template(stats, remaining=10)) - 1 == nodes
+
+
+def test_specdec_calibrate_measures_again_and_prints_the_curve(model, machine_mode, monkeypatch, capsys):
+    import specdec_kernels.models as models
+
+    class Loaded:
+        tokenizer, source = None, "tiny"
+
+    Loaded.model = model
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: Loaded)
+    readings = iter([{1: 5.0, 2: 6.0}, {1: 4.0, 2: 8.0}])
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: next(readings))
+    assert cli.main(["calibrate", "--model", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"c\(T\)/c\(1\)\s+1\.00\s+1\.20", out)
+    assert cli.main(["calibrate", "--model", "tiny", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["latency_ms"] == {"1": 4.0, "2": 8.0}
+    assert ModelRunner(model).step_cost().points == [(1, 4.0), (2, 8.0)]  # the new one is kept
