@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -190,24 +189,15 @@ def generate_chunk(
     the answer was sampled (:func:`save_chunk`'s format). An existing chunk is kept (the run
     resumes).
     """
-    from specdec_kernels.decoding import generate
-    from specdec_kernels.models import encode_prompts
+    from specdec_kernels.training.selfdistill import answer_prompts
 
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
-    ids = encode_prompts(loaded.tokenizer, batch)
-    sampled = [rng.random() < sampled_fraction for _ in batch]
     recorder = FeatureRecorder()
-    t0 = time.perf_counter()
-    out = generate(
-        loaded.model, ids, drafter=recorder, tokenizer=loaded.tokenizer,
-        max_new_tokens=max_new_tokens,
-        temperature=[temperature if s else 0.0 for s in sampled],
-        top_p=[top_p if s else 1.0 for s in sampled],
-        seed=[seed * 100003 + i for i in range(len(batch))],
-    )
+    ids, sampled, out, seconds = answer_prompts(
+        loaded, batch, recorder, max_new_tokens=max_new_tokens,
+        sampled_fraction=sampled_fraction, temperature=temperature, top_p=top_p, seed=seed)
     feats = recorder.per_request(len(batch))
     records = []
     for i, prompt in enumerate(batch):
@@ -220,8 +210,7 @@ def generate_chunk(
         })
     save_chunk(records, path)
     new = sum(len(t) for t in out.tokens)
-    log(f"{path.name}: {len(batch)} prompts, {new} tokens, "
-        f"{time.perf_counter() - t0:.0f} s")
+    log(f"{path.name}: {len(batch)} prompts, {new} tokens, {seconds:.0f} s")
 
 
 def chunk_path(folder: Path, index: int) -> Path:

@@ -74,20 +74,29 @@ class FeatureRecorder(NoDrafter):
         return [torch.cat(r) for r in self.rows]
 
 
-def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_tokens: int,
+def answer_prompts(loaded, prompts: list, recorder, *, max_new_tokens: int,
                    sampled_fraction: float, temperature: float = 0.8, top_p: float = 0.95,
-                   seed: int = 0) -> dict:
-    """Answer ``prompts`` with the frozen target and write chunk ``path`` (``.safetensors``;
-    its ``.json`` beside it). Returns the chunk's figures (tokens, seconds)."""
-    from safetensors.torch import save_file
+                   seed: int = 0):
+    """The frozen target's answers to ``prompts`` (chat template applied), a share
+    ``sampled_fraction`` of them sampled (``temperature``, ``top_p``; one seed per request from
+    ``seed``) and the rest greedy, with ``recorder`` (a drafter that drafts nothing and records
+    target features) riding along.
 
+    Returns
+    -------
+    ids : list of list of int
+        The encoded prompts.
+    sampled : list of bool
+    out : GenerationOutput
+    seconds : float
+        Wall time of the generation.
+    """
     from specdec_kernels.decoding import generate
     from specdec_kernels.models import encode_prompts
 
     rng = random.Random(seed)
     ids = encode_prompts(loaded.tokenizer, prompts)
     sampled = [rng.random() < sampled_fraction for _ in prompts]
-    recorder = FeatureRecorder(layers)
     t0 = time.perf_counter()
     out = generate(
         loaded.model, ids, drafter=recorder, tokenizer=loaded.tokenizer,
@@ -96,7 +105,20 @@ def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_
         top_p=[top_p if s else 1.0 for s in sampled],
         seed=[seed * 100003 + i for i in range(len(prompts))],
     )
-    seconds = time.perf_counter() - t0
+    return ids, sampled, out, time.perf_counter() - t0
+
+
+def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_tokens: int,
+                   sampled_fraction: float, temperature: float = 0.8, top_p: float = 0.95,
+                   seed: int = 0) -> dict:
+    """Answer ``prompts`` with the frozen target and write chunk ``path`` (``.safetensors``;
+    its ``.json`` beside it). Returns the chunk's figures (tokens, seconds)."""
+    from safetensors.torch import save_file
+
+    recorder = FeatureRecorder(layers)
+    ids, sampled, out, seconds = answer_prompts(
+        loaded, prompts, recorder, max_new_tokens=max_new_tokens,
+        sampled_fraction=sampled_fraction, temperature=temperature, top_p=top_p, seed=seed)
     feats = recorder.per_request()
     tokens, rows, offsets = [], [], [0]
     for i in range(len(prompts)):
