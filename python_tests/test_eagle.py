@@ -5,6 +5,7 @@ tiny model), the draft's cache after rejections against a fresh prefill, drafter
 another target, and checkpoints in the published EAGLE-3 layout."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -115,6 +116,48 @@ def test_recorder_features_equal_one_forward_over_prompt_and_answer(tiny):
         assert got.shape[0] == len(seq) - 1  # the last token never ran through the target
         torch.testing.assert_close(got.float(), want[:-1].to(torch.bfloat16).float(),
                                    rtol=2e-2, atol=2e-2)
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for the data builder: no chat template, one id per character."""
+
+    chat_template, eos_token_id = None, None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1 + ord(c) % 60 for c in text]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_data_chunk_round_trip(tiny, tmp_path):
+    """A chunk of self-distillation data (answers of the frozen target, greedy and sampled,
+    with the features recorded on the way) loads back as the trainer reads it."""
+    from types import SimpleNamespace
+
+    from specdec_kernels.training.selfdistill import DataCache, generate_chunk
+
+    loaded = SimpleNamespace(model=tiny, tokenizer=_CharTokenizer())
+    prompts = ["abc", "hello", "xy"]
+    meta = generate_chunk(loaded, prompts, tmp_path / "first" / "chunk_0000.safetensors",
+                          layers=(1, 3), max_new_tokens=5, sampled_fraction=0.5, seed=3)
+    assert meta["new_tokens"] == 15 and meta["layers"] == [1, 3] and len(meta["answers"]) == 3
+    data = DataCache.load(tmp_path)
+    assert data.num_sequences == 3 and data.layers == [1, 3]
+    lengths = (data.offsets[1:] - data.offsets[:-1]).tolist()
+    assert lengths == [len(p) + 5 for p in prompts] and data.prompt_lens.tolist() == [3, 5, 2]
+    assert data.features.shape == (sum(lengths), 2 * tiny.config.hidden_size)
+    rng = random.Random(3)  # the builder's draw of which answers are sampled
+    assert data.sampled.tolist() == [rng.random() < 0.5 for _ in prompts]
+    assert 0 < int(data.sampled.sum()) < 3  # greedy and sampled answers both present
+    for i, start in enumerate(data.offsets[:-1].tolist()):
+        seq = data.tokens[start: start + lengths[i]].tolist()
+        prompt_len = int(data.prompt_lens[i])
+        if not bool(data.sampled[i]):  # a greedy answer is the target's own
+            assert seq[prompt_len:] == generate(tiny, [seq[:prompt_len]], max_new_tokens=5,
+                                                eos_token_id=[]).tokens[0]
+    # The last token of each sequence never ran through the target: its row is zeros.
+    assert not data.features[data.offsets[1] - 1].any() and data.features[data.offsets[1] - 2].any()
 
 
 # ---------------------------------------------------------------------------- training-time test
