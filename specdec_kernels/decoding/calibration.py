@@ -77,13 +77,15 @@ def measure_step_cost(runner, *, widths=WIDTHS, prefix: int = PREFIX, rounds: in
     runner.append(cache, [torch.randint(vocab, (prefix,), generator=gen).tolist()])
     blocks = {t: torch.randint(vocab, (1, t), generator=gen).to(runner.device) for t in widths}
     samples: dict = {t: [] for t in widths}
-    for round_ in range(rounds + 1):  # the first round warms up
+    # Two rounds warm up: in a process that has just loaded the model, the first forwards of
+    # each width run up to 1.5x slow (seen in the bench's first calibration, 2026-11-26).
+    for round_ in range(rounds + 2):
         for t in widths:
             _synchronize(runner.device)
             start = time.perf_counter()
             runner.forward(cache, blocks[t], cache.host_lens)
             _synchronize(runner.device)
-            if round_:
+            if round_ >= 2:
                 samples[t].append((time.perf_counter() - start) * 1e3)
     curve, floor = {}, 0.0
     for t in widths:
