@@ -5,21 +5,37 @@ own statistics (decode time, drafter time, target forwards).
     python3 bench/eagle_step_split.py
 """
 
-import time
-from specdec_kernels.models import load_model
-from specdec_kernels.decoding import generate, make_drafter
 from specdec_kernels.data import load_prompts
-m = load_model("default", weights="float32")
-prompts = [p["turns"][0] for p in load_prompts()][:240:40]
-for name in ["none", "eagle"]:
-    d = make_drafter(name)
-    generate(m, prompts[:1], drafter=d, max_new_tokens=8)
-    tot = dict(seconds=0, prefill=0, drafter=0, steps=0, new=0)
-    for p in prompts:
-        s = generate(m, [p], drafter=d, max_new_tokens=64).stats
-        tot["seconds"] += s.seconds; tot["prefill"] += s.prefill_seconds; tot["drafter"] += s.drafter_seconds
-        tot["steps"] += s.target_forwards; tot["new"] += s.new_tokens
-    dec = tot["seconds"] - tot["prefill"]
-    print(name, "tau", round(tot["new"] / tot["steps"], 2), "decode ms/step", round(1e3 * dec / tot["steps"], 1),
-          "drafter ms/step", round(1e3 * tot["drafter"] / tot["steps"], 1),
-          "rest ms/step", round(1e3 * (dec - tot["drafter"]) / tot["steps"], 1), "tok/s", round(tot["new"] / tot["seconds"], 1))
+from specdec_kernels.decoding import generate, make_drafter
+from specdec_kernels.models import load_model
+
+
+def step_split(loaded, prompts: list, drafter_name: str) -> dict:
+    """Totals over ``prompts`` decoded one at a time: seconds, prefill, drafter, steps, tokens."""
+    drafter = make_drafter(drafter_name)
+    generate(loaded, prompts[:1], drafter=drafter, max_new_tokens=8)  # warm-up
+    total = dict(seconds=0.0, prefill=0.0, drafter=0.0, steps=0, new=0)
+    for prompt in prompts:
+        stats = generate(loaded, [prompt], drafter=drafter, max_new_tokens=64).stats
+        total["seconds"] += stats.seconds
+        total["prefill"] += stats.prefill_seconds
+        total["drafter"] += stats.drafter_seconds
+        total["steps"] += stats.target_forwards
+        total["new"] += stats.new_tokens
+    return total
+
+
+def main() -> None:
+    loaded = load_model("default", weights="float32")
+    prompts = [p["turns"][0] for p in load_prompts()][:240:40]
+    for name in ("none", "eagle"):
+        t = step_split(loaded, prompts, name)
+        decode_ms = 1e3 * (t["seconds"] - t["prefill"]) / t["steps"]
+        drafter_ms = 1e3 * t["drafter"] / t["steps"]
+        print(f"{name}: tau {t['new'] / t['steps']:.2f}, decode {decode_ms:.1f} ms/step "
+              f"(drafter {drafter_ms:.1f}, the rest {decode_ms - drafter_ms:.1f}), "
+              f"{t['new'] / t['seconds']:.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
