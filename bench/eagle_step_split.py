@@ -3,16 +3,23 @@ first turns (one per category), one request at a time, 64 new tokens, greedy; fr
 own statistics (decode time, drafter time, target forwards).
 
     python3 bench/eagle_step_split.py
+    python3 bench/eagle_step_split.py --eagle '{"branching": 4}' --eagle '{"max_nodes": 16}'
+
+Each ``--eagle`` is one EAGLE configuration (``make_drafter("eagle", **options)``), measured
+after the plain loop; none: the defaults.
 """
+
+import argparse
+import json
 
 from specdec_kernels.data import load_prompts
 from specdec_kernels.decoding import generate, make_drafter
 from specdec_kernels.models import load_model
 
 
-def step_split(loaded, prompts: list, drafter_name: str) -> dict:
+def step_split(loaded, prompts: list, drafter_name: str, **options) -> dict:
     """Totals over ``prompts`` decoded one at a time: seconds, prefill, drafter, steps, tokens."""
-    drafter = make_drafter(drafter_name)
+    drafter = make_drafter(drafter_name, **options)
     generate(loaded, prompts[:1], drafter=drafter, max_new_tokens=8)  # warm-up
     total = dict(seconds=0.0, prefill=0.0, drafter=0.0, steps=0, new=0)
     for prompt in prompts:
@@ -25,16 +32,21 @@ def step_split(loaded, prompts: list, drafter_name: str) -> dict:
     return total
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--eagle", action="append", type=json.loads, default=None,
+                        help="EAGLE options as JSON (repeatable)")
+    args = parser.parse_args(argv)
     loaded = load_model("default", weights="float32")
     prompts = [p["turns"][0] for p in load_prompts()][:240:40]
-    for name in ("none", "eagle"):
-        t = step_split(loaded, prompts, name)
+    runs = [("none", {})] + [("eagle", options) for options in (args.eagle or [{}])]
+    for name, options in runs:
+        t = step_split(loaded, prompts, name, **options)
         decode_ms = 1e3 * (t["seconds"] - t["prefill"]) / t["steps"]
         drafter_ms = 1e3 * t["drafter"] / t["steps"]
-        print(f"{name}: tau {t['new'] / t['steps']:.2f}, decode {decode_ms:.1f} ms/step "
-              f"(drafter {drafter_ms:.1f}, the rest {decode_ms - drafter_ms:.1f}), "
-              f"{t['new'] / t['seconds']:.1f} tokens/s")
+        print(f"{name} {json.dumps(options)}: tau {t['new'] / t['steps']:.2f}, decode "
+              f"{decode_ms:.1f} ms/step (drafter {drafter_ms:.1f}, the rest "
+              f"{decode_ms - drafter_ms:.1f}), {t['new'] / t['seconds']:.1f} tokens/s")
 
 
 if __name__ == "__main__":
