@@ -267,6 +267,29 @@ def test_sampling_follows_the_target_distribution():
 # ---------------------------------------------------------------------------- files and checks
 
 
+def test_draft_network_runs_on_the_runners_linear_kernels(tiny, monkeypatch):
+    """The draft layer's linears take the target's CPU kernels (the runner's ``linears()``),
+    not torch's GEMM, when the runner uses the package's kernels; torch's when it does not."""
+    import contextlib
+
+    from specdec_kernels import ops
+    from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    weights = []
+    real = ops.small_batch_linear
+    monkeypatch.setattr(ops, "small_batch_linear",
+                        lambda x, w, b=None: weights.append(w.data_ptr()) or real(x, w, b))
+    drafter = EagleDrafter(random_draft(tiny))
+    out = generate(tiny, [[1, 2, 3]], drafter=drafter, max_new_tokens=6, eos_token_id=[])
+    draft_linears = {m.weight.data_ptr() for m in drafter.draft.modules()
+                     if isinstance(m, torch.nn.Linear)}
+    assert draft_linears <= set(weights)  # fc, the layer's 7 and the draft head
+    assert out.tokens == generate(tiny, [[1, 2, 3]], max_new_tokens=6, eos_token_id=[]).tokens
+    assert isinstance(ModelRunner(tiny, cpu_kernels=True).linears(), SmallBatchLinear)
+    assert isinstance(ModelRunner(tiny, cpu_kernels=False).linears(), contextlib.nullcontext)
+
+
 def test_drafter_for_another_target_is_refused(tiny):
     other = tiny_model("llama", vocab=64, layers=4, seed=1, hidden_size=48)
     with pytest.raises(ValueError, match="hidden size"):

@@ -137,6 +137,7 @@ class EagleDrafter(Drafter):
         self._draft_ms = None  # running mean of one draft forward
         self._propose_ms = None  # running mean of a whole propose
         self.device = runner.device
+        self._linears = runner.linears
 
     def max_block_width(self) -> int:
         return self.max_nodes + 1
@@ -245,6 +246,10 @@ class EagleDrafter(Drafter):
         return self.draft.draft_ids[draws], probs.gather(-1, draws), probs
 
     def propose(self, state: DecodeState) -> TreeProposal:
+        with self._linears():  # the draft network on the target's kernels
+            return self._propose(state)
+
+    def _propose(self, state: DecodeState) -> TreeProposal:
         t_start = time.perf_counter()
         draft, device, k = self.draft, self.device, self.top_k
         batch = state.batch
