@@ -273,7 +273,7 @@ def test_draft_network_runs_on_the_runners_linear_kernels(tiny, monkeypatch):
     import contextlib
 
     from specdec_kernels import ops
-    from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+    from specdec_kernels.decoding.cpu_matmul import KernelWeight
     from specdec_kernels.decoding.runner import ModelRunner
 
     weights = []
@@ -286,8 +286,11 @@ def test_draft_network_runs_on_the_runners_linear_kernels(tiny, monkeypatch):
                      if isinstance(m, torch.nn.Linear)}
     assert draft_linears <= set(weights)  # fc, the layer's 7 and the draft head
     assert out.tokens == generate(tiny, [[1, 2, 3]], max_new_tokens=6, eos_token_id=[]).tokens
-    assert isinstance(ModelRunner(tiny, cpu_kernels=True).linears(), SmallBatchLinear)
-    assert isinstance(ModelRunner(tiny, cpu_kernels=False).linears(), contextlib.nullcontext)
+    routed = ModelRunner(tiny, cpu_kernels=True).linears(drafter.draft)
+    with routed():
+        assert all(isinstance(m.weight, KernelWeight) for m in drafter.draft.modules()
+                   if isinstance(m, torch.nn.Linear))
+    assert ModelRunner(tiny, cpu_kernels=False).linears(drafter.draft) is contextlib.nullcontext
 
 
 def test_drafter_for_another_target_is_refused(tiny):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from python_tests.conftest import DEVICES
 from specdec_kernels import ops, reference
-from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.decoding.cpu_matmul import RoutedLinears
 from specdec_kernels.models.quantized_weight import (
     QuantizedWeight,
     pack_int4,
@@ -197,8 +197,8 @@ def test_quantized_weight_in_a_module(gen):
     quantize_model(linear, 4, 32)
     assert isinstance(linear.weight, QuantizedWeight)
     with torch.no_grad():
-        assert torch.equal(linear(x), want)  # outside the mode: the kernel all the same
-        with SmallBatchLinear():
+        assert torch.equal(linear(x), want)  # outside the routing: the kernel all the same
+        with RoutedLinears(linear)():
             assert torch.equal(linear(x), want)
     ids = torch.tensor([[1, 7], [3, 1]])
     with torch.no_grad():

@@ -1,5 +1,5 @@
 """small_batch_linear vs the reference, its batch invariance (bit for bit, on every CPU code
-path), opcheck, torch.compile, the SmallBatchLinear mode, and bad input."""
+path), opcheck, torch.compile, the routing of a module's linears, and bad input."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from python_tests.conftest import DEVICES
 from specdec_kernels import ops, reference
-from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.decoding.cpu_matmul import KernelWeight, RoutedLinears
 
 DTYPES = [torch.float32, torch.bfloat16]
 # Odd sizes: K not a multiple of any vector width, N not a multiple of the weight tile.
@@ -138,17 +138,46 @@ def test_compile_fullgraph(device, gen):
     torch.testing.assert_close(f(x, w, b), 2 * ops.small_batch_linear(x, w, b))
 
 
-def test_mode_routes_cpu_linears(gen):
+def test_routing_sends_a_modules_cpu_linears_to_the_kernel(gen):
     x, w, b = operands(4, 12, 33, torch.float32, "cpu", gen)
-    with SmallBatchLinear():
-        routed = F.linear(x, w, b)
-        half = F.linear(x.half(), w.half())  # not a supported dtype: torch
-    with SmallBatchLinear(gemm_rows=4):
-        unrouted = F.linear(x, w, b)  # gemm_rows and more: torch's GEMM
-        small = F.linear(x[:3], w, b)
-    assert torch.equal(routed, ops.small_batch_linear(x, w, b))
+    net = torch.nn.Sequential(torch.nn.Linear(33, 12), torch.nn.Linear(12, 5).half())
+    with torch.no_grad():
+        net[0].weight.copy_(w)
+        net[0].bias.copy_(b)
+    own = net[0].weight
+    routed = RoutedLinears(net)
+    with torch.no_grad():
+        with routed():
+            assert isinstance(net[0].weight, KernelWeight)
+            assert not isinstance(net[1].weight, KernelWeight)  # not a supported dtype: torch
+            out = net[0](x)
+            half = net[1](out.half())
+        with routed(gemm_rows=4):
+            unrouted = net[0](x)  # gemm_rows and more: torch's GEMM
+            small = net[0](x[:3])
+        outside = net[0](x)
+    assert net[0].weight is own
+    assert torch.equal(out, ops.small_batch_linear(x, w, b))
     torch.testing.assert_close(unrouted, F.linear(x, w, b))
     assert torch.equal(small, ops.small_batch_linear(x[:3], w, b))
+    torch.testing.assert_close(outside, F.linear(x, w, b))
     assert half.dtype == torch.float16
     with pytest.raises(ValueError, match="gemm_rows"):
-        SmallBatchLinear(gemm_rows=1)
+        routed(gemm_rows=1)
+
+
+def test_routing_follows_a_replaced_weight_and_restores_on_error(gen):
+    x, w, b = operands(3, 7, 19, torch.float32, "cpu", gen)
+    layer = torch.nn.Linear(19, 7)
+    routed = RoutedLinears(layer)
+    with torch.no_grad():
+        with routed():
+            layer(x)
+        layer.weight = torch.nn.Parameter(w)  # replaced after the routing saw the layer
+        layer.bias = torch.nn.Parameter(b)
+        with routed():
+            assert torch.equal(layer(x), ops.small_batch_linear(x, w, b))
+        with pytest.raises((RuntimeError, ValueError)):
+            with routed():
+                layer(x[:, :5])  # wrong width: an error, and the weight is restored all the same
+    assert type(layer.weight) is torch.nn.Parameter and layer.weight.data_ptr() == w.data_ptr()

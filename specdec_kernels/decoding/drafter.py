@@ -66,10 +66,11 @@ step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that 
 expected tokens per unit of step cost (retrieval and merged prophets use it each step; Medusa's
 static tree is the same budget applied once to its rank-path tree).
 
-**A drafter's own network** (``runner.linears()``, a context). A drafter that runs a network of
-its own (EAGLE's draft layer) runs it inside ``runner.linears()`` to get the target's CPU
-linear kernels (the package's small-batch kernel where the kernel choice picked it), instead of
-torch's GEMM, which packs the weight on every call of a few rows.
+**A drafter's own network** (``runner.linears(module)``, a factory of contexts). A drafter that
+runs a network of its own (EAGLE's draft layer) gets the factory once in :meth:`Drafter.bind`
+and runs the network inside ``factory()`` to get the target's CPU linear kernels (the package's
+small-batch kernel where the kernel choice picked it), instead of torch's GEMM, which packs the
+weight on every call of a few rows.
 
 **What the forward predicted** (:attr:`StepOutcome.logits`, :attr:`StepOutcome.tokens`,
 :attr:`StepOutcome.parents`, :attr:`StepOutcome.accepted_rows`). After every step a drafter

@@ -137,7 +137,7 @@ class EagleDrafter(Drafter):
         self._draft_ms = None  # running mean of one draft forward
         self._propose_ms = None  # running mean of a whole propose
         self.device = runner.device
-        self._linears = runner.linears
+        self._linears = runner.linears(draft)
 
     def max_block_width(self) -> int:
         return self.max_nodes + 1

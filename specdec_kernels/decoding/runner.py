@@ -10,6 +10,7 @@ inputs: ``input_ids``, ``position_ids`` (prefix length + depth), a 4D attention 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ from specdec_kernels.decoding import calibration, kernel_choice
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
-from specdec_kernels.decoding.cpu_matmul import SmallBatchLinear
+from specdec_kernels.decoding.cpu_matmul import RoutedLinears
 from specdec_kernels.models.hf_compat import cache_kwargs
 from specdec_kernels.models.hf_tree_attention import ATTENTION_NAME, register_tree_attention
 
@@ -156,6 +157,7 @@ class ModelRunner:
         self.uses_tree_kernel = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         self.device, self.dtype = first.device, first.dtype
         self._step_cost = None
+        self._routed = None  # the model's linears on the package's kernels, found on first use
 
     @property
     def kernels(self) -> kernel_choice.KernelChoice:
@@ -186,15 +188,17 @@ class ModelRunner:
             self.uses_tree_kernel = self.config._attn_implementation == ATTENTION_NAME
         return True
 
-    def linears(self):
-        """A context in which a drafter's own network (EAGLE's draft layer, say) runs its CPU
-        linears on the same kernels as this runner's forwards: the package's small-batch kernel
-        where the kernel choice picked it (row counts of a prefill left to torch's GEMM), else
-        torch's. torch's GEMM packs the weight on every call of 2 to 32 rows, which made the
-        EAGLE draft layer's 21 linears a step cost 7.5 ms on the default model (2026-11-26)."""
+    def linears(self, module: torch.nn.Module):
+        """A factory of contexts in which ``module``, a drafter's own network (EAGLE's draft
+        layer, say), runs its CPU linears on the same kernels as this runner's forwards: the
+        package's small-batch kernel where the kernel choice picked it (row counts of a
+        prefill left to torch's GEMM), else torch's. Call it once (:meth:`Drafter.bind`), enter
+        ``factory()`` around each use. torch's GEMM packs the weight on every call of 2 to 32
+        rows, which made the EAGLE draft layer's 21 linears a step cost 7.5 ms on the default
+        model (2026-11-26)."""
         if self.device.type != "cpu" or not self.cpu_kernels:
-            return contextlib.nullcontext()
-        return SmallBatchLinear(gemm_rows=self.kernels.prefill_gemm_rows)
+            return contextlib.nullcontext
+        return functools.partial(RoutedLinears(module), self.kernels.prefill_gemm_rows)
 
     def step_cost(self, curve=None) -> StepCost:
         """``c(T)``, the cost of one forward over ``T`` tokens per request, for sizing drafts
@@ -292,8 +296,9 @@ class ModelRunner:
         captured = {}
         hook = self._capture(spec, captured) if spec else contextlib.nullcontext()
         gemm_rows = self.kernels.prefill_gemm_rows if prefill else None
-        linear = (SmallBatchLinear(gemm_rows=gemm_rows) if cpu_kernels
-                  else contextlib.nullcontext())
+        if cpu_kernels and self._routed is None:
+            self._routed = RoutedLinears(self.model)
+        linear = self._routed(gemm_rows) if cpu_kernels else contextlib.nullcontext()
         with linear, hook:
             if exit_layer is not None:
                 hidden = self._hidden_before(kwargs, exit_layer)

@@ -5,9 +5,8 @@ A :class:`QuantizedWeight` stands where an ``nn.Linear`` or ``nn.Embedding`` kee
 holds only the operands of :func:`specdec_kernels.ops.quantized_linear` (int8 or packed int4
 values, per-group scales and mins). ``F.linear`` on it runs that kernel, ``F.embedding``
 dequantizes just the looked-up rows; any other use dequantizes (correct, slow, never on the
-decoding path). No model class is patched: the weight tensors are swapped, and the engine's
-``TorchFunctionMode`` (:class:`~specdec_kernels.decoding.cpu_matmul.SmallBatchLinear`) is the
-doorway the forwards go through.
+decoding path). No model class is patched: the weight tensors are swapped, and ``F.linear`` on
+them reaches this class's ``__torch_function__``, inside the engine's forwards and outside alike.
 """
 
 from __future__ import annotations
