@@ -17,6 +17,15 @@ os.environ.setdefault("SPECDEC_CPU_KERNELS", "package")
 os.environ.setdefault("SPECDEC_STEP_COST", "shipped")
 os.environ.setdefault("SPECDEC_CACHE_DIR", tempfile.mkdtemp(prefix="specdec-test-cache-"))
 
+# Under pytest-xdist (`-n N`, the README's test command) the workers share the machine's cores:
+# each gets its share of threads (subprocesses too), since OpenMP threads that outnumber the
+# cores spin and stall each other's workers.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+    torch.set_num_threads(_THREADS)
+
 import specdec_kernels  # noqa: E402
 from python_tests.decoding_helpers import default_model, default_model_missing  # noqa: E402
 from specdec_kernels import ops  # noqa: E402

@@ -74,7 +74,7 @@ def test_a_failed_build_shows_the_end_of_its_log(checkout):
 def test_readme_shows_the_two_commands_unchanged():
     readme = (ROOT / "README.md").read_text()
     assert "bash scripts/install.sh && python3 -m specdec_kernels.bench" in readme
-    assert "bash scripts/install.sh && python3 -m pytest -q" in readme
+    assert "bash scripts/install.sh && python3 -m pytest -q -n 2" in readme
 
 
 def test_install_script_and_pyproject_declare_one_range():

