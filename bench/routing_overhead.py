@@ -17,15 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from specdec_kernels import ops
+from specdec_kernels.decoding.cpu_matmul import supports
+from specdec_kernels.models.quantized_weight import QuantizedWeight
+
 
 class _ModeRouting(TorchFunctionMode):
     """The former doorway: every torch call of the forward passes through Python."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from specdec_kernels import ops
-        from specdec_kernels.decoding.cpu_matmul import supports
-        from specdec_kernels.models.quantized_weight import QuantizedWeight
-
         kwargs = kwargs or {}
         if func is F.linear:
             x, weight = args[0], args[1]
@@ -50,7 +50,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=21)
     args = parser.parse_args(argv)
 
-    from specdec_kernels import ops
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.models import load_model
 

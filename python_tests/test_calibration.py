@@ -101,3 +101,16 @@ def test_specdec_calibrate_measures_again_and_prints_the_curve(model, machine_mo
     result = json.loads(capsys.readouterr().out)
     assert result["latency_ms"] == {"1": 4.0, "2": 8.0}
     assert ModelRunner(model).step_cost().points == [(1, 4.0), (2, 8.0)]  # the new one is kept
+
+
+def test_a_quantized_model_has_a_curve_of_its_own():
+    """A model at a file's precision costs what its kernel costs: its curve is not the float
+    model's (the cache key names the weights' format)."""
+    from specdec_kernels.models.quantized_weight import quantize_model
+
+    models = [quantize_model(tiny_model("llama", vocab=64, layers=2, seed=3), bits, 32)
+              for bits in (4, 8)]
+    models.insert(0, tiny_model("llama", vocab=64, layers=2, seed=3))
+    keys = [calibration.step_cost_key(ModelRunner(m)) for m in models]
+    assert [k["weights"] for k in keys] == [["Linear"], ["Linear[int4/g32]"], ["Linear[int8/g32]"]]
+    assert keys[0] == {**keys[1], "weights": ["Linear"]}

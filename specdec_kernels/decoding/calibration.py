@@ -25,6 +25,7 @@ import torch
 
 from specdec_kernels.decoding import machine_cache
 from specdec_kernels.decoding.cost import StepCost
+from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = [
     "PREFIX",
@@ -94,6 +95,21 @@ def measure_step_cost(runner, *, widths=WIDTHS, prefix: int = PREFIX, rounds: in
     return curve
 
 
+def weight_formats(model) -> list:
+    """The model's linear layers by class and weight format (a quantized one by its kind, e.g.
+    ``int4/g32``: a file-precision model's step costs what its kernel costs, not a float one's)."""
+    formats = set()
+    for module in model.modules():
+        name = type(module).__name__
+        if "Linear" not in name:
+            continue
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, QuantizedWeight):
+            name += f"[{weight.kind or f'{weight.qweight.dtype} g{weight.group}'}]"
+        formats.add(name)
+    return sorted(formats)
+
+
 def step_cost_key(runner) -> dict:
     """What a step's cost depends on besides the machine (:func:`machine_cache.fingerprint`):
     the model's shape, its weights' dtype, the device and the kernels in use."""
@@ -104,8 +120,7 @@ def step_cost_key(runner) -> dict:
     return {
         "model": shape,
         "dtype": str(runner.dtype).removeprefix("torch."),
-        "weights": sorted({type(m).__name__ for m in runner.model.modules()
-                           if "Linear" in type(m).__name__}),
+        "weights": weight_formats(runner.model),
         "device": str(runner.device),
         "kernels": runner.kernels.path,
         "widths": list(WIDTHS),
