@@ -19,19 +19,21 @@ How: while active, each routed layer's ``weight`` entry holds a :class:`KernelWe
 storage, a tensor subclass whose ``__torch_function__`` sees the layer's ``F.linear``); on exit
 the layer's own parameter is back. Only the linears pay a Python call. A ``TorchFunctionMode``
 did the same job before and intercepted every torch call of the forward (2,319 a step on the
-default model): ~3 ms of a 21.7 ms step at file precision (2026-11-26).
+default model): 3.7 ms of a 21.1 ms step at file precision, 2.2 ms of 34.3 at float32
+(``python3 -m bench.routing_overhead``, 2026-11-26).
 
 Weights at a GGUF file's precision (:class:`~specdec_kernels.models.quantized_weight.QuantizedWeight`,
-loaded by ``load_model(..., weights="file")``) go through the same doorway to
-:func:`specdec_kernels.ops.quantized_linear`, batch-invariant as well, on any device: they route themselves and need no routing here.
+loaded by ``load_model(..., weights="file")``) reach
+:func:`specdec_kernels.ops.quantized_linear` (batch-invariant as well, on any device) through
+their own ``__torch_function__``: they need no routing here.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 import threading
 
+import torch
+import torch.nn.functional as F
 
 from specdec_kernels import ops
 from specdec_kernels.models.quantized_weight import QuantizedWeight
