@@ -53,7 +53,10 @@ def main(argv=None) -> dict:
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.models import load_model
 
-    runner = ModelRunner(load_model(args.model, weights=args.weights).model, cpu_kernels=True)
+    # The model's own forward: the direct forward (models/direct_forward.py) calls the
+    # kernels without either routing.
+    runner = ModelRunner(load_model(args.model, weights=args.weights).model, cpu_kernels=True,
+                         direct_forward=False)
     cache = runner.new_cache(1, args.prefix + 2 * (args.steps + 4) + 8)
     times = {"weight subclass": [], "torch function mode": []}
     with torch.inference_mode():

@@ -82,6 +82,15 @@ def tiny_config(family: str, vocab: int, layers: int, **overrides):
         from transformers import Qwen2Config
 
         return Qwen2Config(**common)
+    if family == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common)
+    if family == "mistral":
+        from transformers import MistralConfig
+
+        common.setdefault("sliding_window", None)
+        return MistralConfig(**common)
     if family == "gemma3":
         from transformers import Gemma3TextConfig
 

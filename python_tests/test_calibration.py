@@ -114,3 +114,16 @@ def test_a_quantized_model_has_a_curve_of_its_own():
     keys = [calibration.step_cost_key(ModelRunner(m)) for m in models]
     assert [k["weights"] for k in keys] == [["Linear"], ["Linear[int4/g32]"], ["Linear[int8/g32]"]]
     assert keys[0] == {**keys[1], "weights": ["Linear"]}
+
+
+def test_the_direct_forward_has_a_curve_of_its_own():
+    """A step through the direct forward costs less than one through the model's modules: the
+    cache key says which forward was measured."""
+    model = tiny_model("llama", vocab=64, layers=2, seed=3)
+    direct = calibration.step_cost_key(ModelRunner(model, cpu_kernels=True))
+    own = calibration.step_cost_key(ModelRunner(model, cpu_kernels=True, direct_forward=False))
+    torch_path = calibration.step_cost_key(ModelRunner(model, cpu_kernels=False))
+    assert (direct["forward"], own["forward"], torch_path["forward"]) == ("direct", "model", "model")
+    assert direct == {**own, "forward": "direct"}
+    gemma = calibration.step_cost_key(ModelRunner(tiny_model("gemma3", vocab=64), cpu_kernels=True))
+    assert gemma["forward"] == "model"

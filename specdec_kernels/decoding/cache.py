@@ -37,10 +37,8 @@ class _KVCacheLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs):
-        if self._owner.buffer is None:
-            self.lazy_initialization(key_states, value_states)
         self.is_initialized = True
-        return self._owner._write(self._layer_idx, key_states, value_states)
+        return self._owner.write(self._layer_idx, key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self._owner.kv_len, 0
@@ -129,7 +127,23 @@ class KVCache(Cache):
         shape = (self.num_layers, 2, batch, heads, self.capacity, head_dim)
         self.buffer = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
 
-    def _write(self, layer_idx: int, key_states: Tensor, value_states: Tensor):
+    def write(self, layer_idx: int, key_states: Tensor, value_states: Tensor):
+        """Store one layer's K/V of the block declared by :meth:`plan_write` (allocating the
+        buffer on the first write).
+
+        Parameters
+        ----------
+        layer_idx : int
+        key_states, value_states : Tensor
+            ``[B, H, T, D]``.
+
+        Returns
+        -------
+        tuple of Tensor
+            The layer's K and V ``[B, H, max(starts) + T, D]`` (views of the buffer).
+        """
+        if self.buffer is None:
+            self._allocate(key_states)
         keys, values = self.buffer[layer_idx, 0], self.buffer[layer_idx, 1]
         if key_states.shape != value_states.shape or key_states.shape[1::2] != keys.shape[1::2]:
             raise ValueError(

@@ -112,7 +112,8 @@ def weight_formats(model) -> list:
 
 def step_cost_key(runner) -> dict:
     """What a step's cost depends on besides the machine (:func:`machine_cache.fingerprint`):
-    the model's shape, its weights' dtype, the device and the kernels in use."""
+    the model's shape, its weights' dtype, the device, the kernels in use and whether the
+    forwards call the model or run its direct forward."""
     c = runner.config
     shape = {name: getattr(c, name, None) for name in (
         "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
@@ -123,6 +124,7 @@ def step_cost_key(runner) -> dict:
         "weights": weight_formats(runner.model),
         "device": str(runner.device),
         "kernels": runner.kernels.path,
+        "forward": runner.forward_path,
         "widths": list(WIDTHS),
         "prefix": PREFIX,
     }

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from specdec_kernels import ops
 from specdec_kernels.models.quantized_weight import QuantizedWeight
 
-__all__ = ["KernelWeight", "RoutedLinears", "supports"]
+__all__ = ["KernelWeight", "RoutedLinears", "kernel_linear", "supports"]
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -57,6 +57,20 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
         return False
     rows = x.numel() // x.shape[-1]
     return rows >= 1 and (max_rows is None or rows <= max_rows)
+
+
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  max_rows: int | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on the package's kernels: a weight at a file's precision
+    through :func:`~specdec_kernels.ops.quantized_linear`, a float one through
+    :func:`~specdec_kernels.ops.small_batch_linear` where :func:`supports` says so (at most
+    ``max_rows`` rows), else torch's linear."""
+    if isinstance(weight, QuantizedWeight):
+        return weight.linear(x, bias)
+    weight = weight.dense if isinstance(weight, KernelWeight) else weight.detach()
+    if supports(x, weight, bias, max_rows):
+        return ops.small_batch_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 _routing = threading.local()  # max_rows of the routing active on this thread (absent: none)
@@ -78,12 +92,12 @@ class KernelWeight(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear and isinstance(args[1], KernelWeight):
-            x, weight = args[0], args[1].dense
+            x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             max_rows = getattr(_routing, "max_rows", False)
-            if max_rows is not False and supports(x, weight, bias, max_rows):
-                return ops.small_batch_linear(x, weight, bias)
-            return F.linear(x, weight, bias)
+            if max_rows is False:
+                return F.linear(x, weight.dense, bias)
+            return kernel_linear(x, weight, bias, max_rows)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

@@ -4,7 +4,9 @@ A block is a chain (prefill, catch-up, drafting, chain verification) or a tree (
 verification) of ``T`` tokens per request, placed right after that request's committed
 prefix in a :class:`~specdec_kernels.decoding.cache.KVCache`. The model sees only public
 inputs: ``input_ids``, ``position_ids`` (prefix length + depth), a 4D attention mask over
-``[prefix + block]`` and the cache object.
+``[prefix + block]`` (or the tree-attention metadata) and the cache object. With the package's
+CPU kernels, a Llama-family model's forwards skip the module calls and run the same ops
+directly (:class:`~specdec_kernels.models.direct_forward.DirectForward`, bit-identical).
 """
 
 from __future__ import annotations
@@ -21,9 +23,15 @@ from specdec_kernels.decoding import calibration, kernel_choice
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
-from specdec_kernels.decoding.cpu_matmul import RoutedLinears
+from specdec_kernels import ops
+from specdec_kernels.decoding.cpu_matmul import RoutedLinears, kernel_linear
+from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
 from specdec_kernels.models.hf_compat import cache_kwargs
-from specdec_kernels.models.hf_tree_attention import ATTENTION_NAME, register_tree_attention
+from specdec_kernels.models.hf_tree_attention import (
+    ATTENTION_NAME,
+    METADATA_KWARG,
+    register_tree_attention,
+)
 
 __all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "FeatureSpec", "ModelRunner"]
 
@@ -137,10 +145,20 @@ class ModelRunner:
         :data:`~specdec_kernels.models.hf_tree_attention.ATTENTION_NAME` (which behaves
         as sdpa in forwards without tree metadata); a model that cannot switch keeps the 4-D
         mask path.
+    direct_forward : bool, optional
+        With the CPU kernels, run a Llama-family model's forwards as plain tensor ops
+        (:class:`~specdec_kernels.models.direct_forward.DirectForward`: the same ops as its
+        modules, bit for bit, without their Python machinery) instead of calling the model.
+        Default (None): wherever the model is supported (:attr:`direct_reason` says why not);
+        False: always the model's own forward.
     """
 
-    def __init__(self, model, *, cpu_kernels: bool | None = None):
+    def __init__(self, model, *, cpu_kernels: bool | None = None,
+                 direct_forward: bool | None = None):
         self.model = model
+        self._direct_wanted = direct_forward
+        self._direct = None  # the DirectForward, built on first use (False: not supported)
+        self.direct_reason = None if direct_forward is not False else "switched off"
         first = next(model.parameters())
         self._requested = cpu_kernels
         self._kernels = None
@@ -187,6 +205,33 @@ class ModelRunner:
             self.model.set_attn_implementation(ATTENTION_NAME)
             self.uses_tree_kernel = self.config._attn_implementation == ATTENTION_NAME
         return True
+
+    def _direct_available(self) -> DirectForward | None:
+        """The model's :class:`DirectForward` (built on first use), or None where it is
+        switched off or the model is not supported."""
+        if self._direct_wanted is False:
+            return None
+        if self._direct is None:
+            self.direct_reason = unsupported_reason(self.model)
+            if self.direct_reason is not None and self._direct_wanted:
+                raise ValueError(f"direct_forward=True: {self.direct_reason}")
+            self._direct = False if self.direct_reason else DirectForward(self.model)
+        return self._direct or None
+
+    @property
+    def forward_path(self) -> str:
+        """``"direct"`` when the decoding forwards run :class:`DirectForward`, ``"model"`` when
+        they call the model (part of what the step-cost curve is measured for)."""
+        direct = self.cpu_kernels and self.device.type == "cpu" and self._direct_available()
+        return "direct" if direct else "model"
+
+    def _direct_for(self, cpu_kernels: bool, kv_len: int) -> DirectForward | None:
+        """The direct forward when this forward can take it: the package's CPU kernels and
+        tree attention in use, a supported model, no sliding window cutting ``kv_len`` rows."""
+        if not (cpu_kernels and self.uses_tree_kernel):
+            return None
+        direct = self._direct_available()
+        return direct if direct is not None and direct.covers(kv_len) else None
 
     def linears(self, module: torch.nn.Module):
         """A factory of contexts in which ``module``, a drafter's own network (EAGLE's draft
@@ -292,10 +337,16 @@ class ModelRunner:
         kwargs.update(cache_kwargs(self.model, cache))
         if features and exit_layer is not None:
             raise ValueError("features are the full model's: not available with exit_layer")
+        if exit_layer is not None and not 1 <= exit_layer < self.num_layers:
+            raise ValueError(f"exit_layer must be in [1, {self.num_layers - 1}], got {exit_layer}")
         spec = FeatureSpec() if features is True else (features or None)
+        gemm_rows = self.kernels.prefill_gemm_rows if prefill else None
+        direct = self._direct_for(cpu_kernels, max(starts) + width)
+        if direct is not None:
+            return self._forward_direct(direct, cache, kwargs, spec, exit_layer,
+                                        last_logits_only, gemm_rows)
         captured = {}
         hook = self._capture(spec, captured) if spec else contextlib.nullcontext()
-        gemm_rows = self.kernels.prefill_gemm_rows if prefill else None
         if cpu_kernels and self._routed is None:
             self._routed = RoutedLinears(self.model)
         linear = self._routed(gemm_rows) if cpu_kernels else contextlib.nullcontext()
@@ -312,6 +363,27 @@ class ModelRunner:
             logits = logits[:, -1:].contiguous()
         if spec:
             return logits, captured["hidden"]
+        return logits
+
+    def _forward_direct(self, direct: DirectForward, cache: KVCache, kwargs: dict, spec,
+                        exit_layer, last_logits_only: bool, gemm_rows):
+        """:meth:`forward` through :class:`DirectForward`: the same K/V writes, tree attention
+        and linears as the model's own forward with the registered attention."""
+        meta = kwargs[METADATA_KWARG]
+
+        def attend(layer, q, k, v, scale):
+            keys, values = cache.write(layer, k.transpose(1, 2), v.transpose(1, 2))
+            return ops.tree_attention(q, keys, values, meta.cache_lens, meta.packed_mask, scale)
+
+        max_rows = None if gemm_rows is None else gemm_rows - 1
+        points = spec.resolve(self.num_layers) if spec else ()
+        logits, outputs = direct(
+            kwargs["input_ids"], kwargs["position_ids"], attend,
+            linear=functools.partial(kernel_linear, max_rows=max_rows),
+            stop_before=exit_layer, capture=points, last_only=last_logits_only,
+        )
+        if spec:
+            return logits, _joined(points, outputs)
         return logits
 
     @contextlib.contextmanager
@@ -334,11 +406,7 @@ class ModelRunner:
         finally:
             for handle in handles:
                 handle.remove()
-        missing = [p for p in points if p not in outputs]
-        if missing:
-            raise RuntimeError(f"capture points {missing} did not run in the target's forward")
-        parts = [outputs[p] for p in points]
-        captured["hidden"] = parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+        captured["hidden"] = _joined(points, outputs)
 
     def feature_width(self, spec: "FeatureSpec | bool") -> int:
         """Width of the features ``spec`` captures (``P * hidden_size``)."""
@@ -486,8 +554,6 @@ class ModelRunner:
     def _hidden_before(self, kwargs, exit_layer: int) -> Tensor:
         """Hidden states entering decoder layer ``exit_layer`` (the forward stops there)."""
         layers, _, _ = self.decoder_parts()
-        if not 1 <= exit_layer < len(layers):
-            raise ValueError(f"exit_layer must be in [1, {len(layers) - 1}], got {exit_layer}")
 
         def stop(module, args, hook_kwargs):
             hidden = args[0] if args else hook_kwargs["hidden_states"]
@@ -501,3 +567,12 @@ class ModelRunner:
         finally:
             handle.remove()
         raise RuntimeError("the early-exit hook did not fire")  # pragma: no cover
+
+
+def _joined(points: tuple, outputs: dict) -> Tensor:
+    """The outputs of the capture points, concatenated along the last dimension in order."""
+    missing = [p for p in points if p not in outputs]
+    if missing:
+        raise RuntimeError(f"capture points {missing} did not run in the target's forward")
+    parts = [outputs[p] for p in points]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)

@@ -1,0 +1,135 @@
+"""The direct forward of Llama-family decoders (``models/direct_forward.py``) against the
+model's own forward through the same kernels: every logit, every cached K/V row and every
+captured feature bit-identical, for prefill, chains, trees, ragged batches, extra rows, early
+exit and last-row logits; other architectures (and sliding windows that cut the rows) are left
+to the model's forward."""
+
+import pytest
+import torch
+
+from python_tests.decoding_helpers import tiny_model
+from specdec_kernels.decoding.drafter import ExtraRows
+from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
+from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
+from specdec_kernels.models.quantized_weight import quantize_model
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def runners(model):
+    """The same model behind a direct runner and one that calls the model (CPU kernels both)."""
+    return ModelRunner(model, cpu_kernels=True), ModelRunner(model, cpu_kernels=True,
+                                                             direct_forward=False)
+
+
+def prompts(vocab, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in (7, 13)]
+
+
+def assert_equal(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert torch.equal(a, b), (a - b).abs().max()
+
+
+@pytest.fixture(scope="module",
+                params=[(f, d) for f in FAMILIES for d in DTYPES] + [("llama", "int4")],
+                ids=lambda p: f"{p[0]}-{str(p[1]).replace('torch.', '')}")
+def model(request):
+    """A tiny model per family and dtype, and one with int4 weights (the file-precision kind:
+    weights held as buffers, run by the quantized kernel)."""
+    family, dtype = request.param
+    if dtype == "int4":
+        return quantize_model(tiny_model(family, vocab=61, layers=3), bits=4, group=32)
+    return tiny_model(family, vocab=61, layers=3, dtype=dtype, attention_bias=family == "llama")
+
+
+@torch.inference_mode()
+def test_every_block_kind_matches_the_models_own_forward(model):
+    direct, own = runners(model)
+    caches = [r.new_cache(2, 64) for r in (direct, own)]
+    # Ragged prefill (right-padded block), features of every prompt row.
+    spec = FeatureSpec((0, -1, "final_norm"), prompt_rows="all")
+    got = [r.prefill(c, prompts(61), want_features=spec) for r, c in zip((direct, own), caches)]
+    assert direct._direct and own._direct is None
+    assert_equal(*got)
+    assert_equal(caches[0].buffer, caches[1].buffer)
+    starts = list(caches[0].host_lens)
+    assert starts[0] != starts[1]
+    tokens = torch.tensor([[3, 5, 7, 11, 13], [17, 19, 23, 29, 31]])
+    tree = torch.tensor([[-1, 0, 0, 1, -2], [-1, 0, 1, 2, 3]])
+    outs = [r.forward(c, tokens, starts, tree, features=True) for r, c in zip((direct, own), caches)]
+    assert_equal(outs[0][0], outs[1][0])
+    assert_equal(outs[0][1], outs[1][1])
+    assert_equal(caches[0].buffer, caches[1].buffer)
+    # A chain with two extra rows after it (lookahead-style), own positions and masks.
+    extra = ExtraRows(
+        tokens=torch.tensor([[8, 10], [7, 9]]),
+        positions=torch.tensor([[1, 2], [2, 3]]),
+        mask=torch.tensor([[[0b01001], [0b11001]], [[0b01011], [0b11011]]], dtype=torch.int32),
+    )
+    tokens = torch.tensor([[2, 4, 6, 8, 10], [1, 3, 5, 7, 9]])  # 3 chain rows, 2 extra
+    outs = [r.forward(c, tokens, starts, extra=extra) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+    # Early exit (a layer-skip draft) and last-row logits of a prefill-style block.
+    for last in (False, True):
+        outs = [r.forward(c, tokens[:, :3], starts, exit_layer=2, last_logits_only=last)
+                for r, c in zip((direct, own), caches)]
+        assert_equal(*outs)
+        outs = [r.forward(c, tokens[:, :3], starts, last_logits_only=last, prefill=True)
+                for r, c in zip((direct, own), caches)]
+        assert_equal(*outs)
+
+
+@torch.inference_mode()
+def test_a_replaced_weight_is_seen():
+    model = tiny_model("llama", vocab=61)
+    direct, own = runners(model)
+    caches = [r.new_cache(1, 32) for r in (direct, own)]
+    for r, c in zip((direct, own), caches):
+        r.prefill(c, prompts(61)[:1])
+    before = direct.forward(caches[0], torch.tensor([[5]]), caches[0].host_lens)
+    layer = model.model.layers[1].mlp.down_proj
+    layer.weight = torch.nn.Parameter(layer.weight * 1.5, requires_grad=False)
+    outs = [r.forward(c, torch.tensor([[5]]), c.host_lens) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+    assert not torch.equal(before, outs[0])
+
+
+@torch.inference_mode()
+def test_a_sliding_window_that_cuts_rows_goes_to_the_models_forward():
+    model = tiny_model("mistral", vocab=61, sliding_window=16)
+    direct, own = runners(model)
+    caches = [r.new_cache(1, 64) for r in (direct, own)]
+    long_prompt = [list(range(1, 30))]
+    outs = [r.prefill(c, long_prompt, want_features=True) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+    assert direct._direct.window == 16 and not direct._direct.covers(17)
+    outs = [r.forward(c, torch.tensor([[5, 6]]), c.host_lens) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+
+
+def test_other_architectures_are_named_and_left_to_the_model():
+    model = tiny_model("gemma3", vocab=61)
+    reason = unsupported_reason(model)
+    assert "gemma3" in reason
+    with pytest.raises(ValueError, match="gemma3"):
+        DirectForward(model)
+    runner = ModelRunner(model, cpu_kernels=True)
+    cache = runner.new_cache(1, 32)
+    with torch.inference_mode():
+        runner.prefill(cache, prompts(61)[:1])
+    assert runner._direct is False and "gemma3" in runner.direct_reason
+    with pytest.raises(ValueError, match="direct_forward=True.*gemma3"):
+        forced = ModelRunner(model, cpu_kernels=True, direct_forward=True)
+        with torch.inference_mode():
+            forced.prefill(forced.new_cache(1, 32), prompts(61)[:1])
+
+
+def test_exit_layer_out_of_range_is_refused_on_both_paths():
+    model = tiny_model("llama", vocab=61)
+    for runner in runners(model):
+        cache = runner.new_cache(1, 32)
+        with torch.inference_mode(), pytest.raises(ValueError, match="exit_layer must be in"):
+            runner.forward(cache, torch.tensor([[1, 2]]), [0], exit_layer=3)
