@@ -133,3 +133,28 @@ def test_exit_layer_out_of_range_is_refused_on_both_paths():
         cache = runner.new_cache(1, 32)
         with torch.inference_mode(), pytest.raises(ValueError, match="exit_layer must be in"):
             runner.forward(cache, torch.tensor([[1, 2]]), [0], exit_layer=3)
+
+
+@torch.inference_mode()
+def test_a_hooked_model_runs_its_own_forward_and_observers_see_both_paths():
+    from specdec_kernels.decoding.runner import observe_forwards
+
+    model = tiny_model("llama", vocab=61)
+    direct, own = runners(model)
+    seen, hooked = [], []
+    handle = observe_forwards(model, lambda width, batch: seen.append((width, batch)))
+    caches = [r.new_cache(1, 32) for r in (direct, own)]
+    for r, c in zip((direct, own), caches):
+        r.prefill(c, prompts(61)[:1])
+    assert seen == [(7, 1), (7, 1)] and direct._direct and not direct._direct.hooked()
+    hook = model.model.layers[-1].register_forward_hook(lambda *a: hooked.append(1))
+    outs = [r.forward(c, torch.tensor([[5, 6]]), c.host_lens) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+    assert len(hooked) == 2  # the direct runner called the model: its hook ran
+    hook.remove()
+    direct.forward(caches[0], torch.tensor([[5]]), caches[0].host_lens, exit_layer=1)
+    direct.forward(caches[0], torch.tensor([[5]]), caches[0].host_lens)
+    assert len(hooked) == 2 and seen[2:] == [(2, 1), (2, 1), (1, 1)]  # no early exits
+    handle.remove()
+    direct.forward(caches[0], torch.tensor([[5]]), caches[0].host_lens)
+    assert len(seen) == 5

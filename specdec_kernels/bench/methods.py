@@ -62,22 +62,32 @@ class RunRecord:
 
 
 class ForwardCounter:
-    """Records the width (tokens per request) and the rows (requests) of every forward of a
-    model's last decoder layer, through a public forward hook.
+    """Records the width (tokens per request) and the rows (requests) of every full forward of
+    a model: the engine's through :func:`~specdec_kernels.decoding.runner.observe_forwards`
+    (``engine=True``; its direct forward calls no module, so a hook would see nothing), HF's
+    through a public forward hook on the last decoder layer.
 
     Early-exit drafts never reach the last layer, so only full target forwards are recorded.
     """
 
-    def __init__(self, model):
-        layers = model.get_decoder().layers
+    def __init__(self, model, *, engine: bool = False):
         self.widths: list = []
         self.rows: list = []
-        self._handle = layers[-1].register_forward_hook(self._hook, with_kwargs=True)
+        if engine:
+            from specdec_kernels.decoding.runner import observe_forwards
+
+            self._handle = observe_forwards(model, self._observe)
+        else:
+            layers = model.get_decoder().layers
+            self._handle = layers[-1].register_forward_hook(self._hook, with_kwargs=True)
+
+    def _observe(self, width: int, rows: int) -> None:
+        self.widths.append(width)
+        self.rows.append(rows)
 
     def _hook(self, module, args, kwargs, output):
         hidden = args[0] if args else kwargs["hidden_states"]
-        self.widths.append(int(hidden.shape[-2]))
-        self.rows.append(int(hidden.shape[0]) if hidden.dim() == 3 else 1)
+        self._observe(int(hidden.shape[-2]), int(hidden.shape[0]) if hidden.dim() == 3 else 1)
 
     def close(self) -> None:
         self._handle.remove()
@@ -208,7 +218,7 @@ class OursMethod:
         """Generate for a batch of prompts (token id lists)."""
         from specdec_kernels.decoding import generate
 
-        counter = ForwardCounter(self.model)
+        counter = ForwardCounter(self.model, engine=True)
         try:
             start = time.perf_counter()
             out = generate(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,36 @@ from specdec_kernels.models.hf_tree_attention import (
     register_tree_attention,
 )
 
-__all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "FeatureSpec", "ModelRunner"]
+__all__ = ["FEATURE_KINDS", "PREFILL_CHUNK_TOKENS", "FeatureSpec", "ModelRunner",
+           "observe_forwards"]
+
+#: model -> callbacks told of each of its full forwards (see :func:`observe_forwards`).
+_OBSERVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _ObserverHandle:
+    def __init__(self, model, callback):
+        self._model, self._callback = weakref.ref(model), callback
+
+    def remove(self) -> None:
+        model = self._model()
+        callbacks = _OBSERVERS.get(model, []) if model is not None else []
+        if self._callback in callbacks:
+            callbacks.remove(self._callback)
+
+
+def observe_forwards(model, callback) -> _ObserverHandle:
+    """Call ``callback(width, batch)`` after every full forward (not an early exit) that a
+    :class:`ModelRunner` runs on ``model``, whichever path ran it (the model's own forward or
+    the direct one, which skips module hooks). The benchmark counts target forwards this way.
+
+    Returns
+    -------
+    handle
+        ``handle.remove()`` stops the calls.
+    """
+    _OBSERVERS.setdefault(model, []).append(callback)
+    return _ObserverHandle(model, callback)
 
 #: Named capture points a drafter may ask for besides decoder-layer indices
 #: (``Drafter.target_features``).
@@ -227,11 +257,14 @@ class ModelRunner:
 
     def _direct_for(self, cpu_kernels: bool, kv_len: int) -> DirectForward | None:
         """The direct forward when this forward can take it: the package's CPU kernels and
-        tree attention in use, a supported model, no sliding window cutting ``kv_len`` rows."""
+        tree attention in use, a supported model, no sliding window cutting ``kv_len`` rows,
+        no forward hooks on its modules (the direct forward would skip them)."""
         if not (cpu_kernels and self.uses_tree_kernel):
             return None
         direct = self._direct_available()
-        return direct if direct is not None and direct.covers(kv_len) else None
+        if direct is None or not direct.covers(kv_len) or direct.hooked():
+            return None
+        return direct
 
     def linears(self, module: torch.nn.Module):
         """A factory of contexts in which ``module``, a drafter's own network (EAGLE's draft
@@ -341,6 +374,9 @@ class ModelRunner:
             raise ValueError(f"exit_layer must be in [1, {self.num_layers - 1}], got {exit_layer}")
         spec = FeatureSpec() if features is True else (features or None)
         gemm_rows = self.kernels.prefill_gemm_rows if prefill else None
+        if exit_layer is None:
+            for callback in _OBSERVERS.get(self.model, ()):
+                callback(width, batch)
         direct = self._direct_for(cpu_kernels, max(starts) + width)
         if direct is not None:
             return self._forward_direct(direct, cache, kwargs, spec, exit_layer,

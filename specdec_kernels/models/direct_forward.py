@@ -14,7 +14,8 @@ and their parameters read on every call, so a replaced weight is seen.
 What the caller supplies: a ``linear(x, weight, bias)`` (the package's CPU kernels, or
 ``F.linear``) and an ``attend(layer, q, k, v)`` that stores the block's K/V in its cache and
 returns the attention output. Any architecture this module does not recognise is left to the
-model's own forward (:func:`unsupported_reason` says why).
+model's own forward (:func:`unsupported_reason` says why), and so is a forward while hooks are
+registered on the model's modules (:meth:`DirectForward.hooked`: they would not run).
 """
 
 from __future__ import annotations
@@ -160,8 +161,18 @@ class DirectForward:
         if self.config.model_type == "mistral":  # Mistral's attention reads the config's
             windows = [getattr(self.config, "sliding_window", None)] * self.num_layers
         windows = [w for w in windows if w]
+        self._modules = list(model.modules())
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
+
+    def hooked(self) -> bool:
+        """Whether forward hooks are registered on the model's modules (or globally): the
+        direct forward does not call modules, so such a forward belongs to the model's own."""
+        from torch.nn.modules import module as nn_module
+
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._modules)
 
     def covers(self, kv_len: int) -> bool:
         """Whether a forward attending to ``kv_len`` rows sees the same rows in every layer as
