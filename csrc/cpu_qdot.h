@@ -61,48 +61,152 @@ struct QuantizedRows {
   const float* group_sum_row(int64_t m) const { return group_sum.data() + m * groups; }
 };
 
+// One full block of 32 values: amax, then q = clamp(round-half-even(x * (127 / amax)), +-127)
+// into low[0..15] (values 0..15) and high[0..15] (values 16..31), and the integer sums of the
+// two halves. The vector versions do the same float operations lane by lane as the scalar
+// one (a product, a rounding in the default mode, a clamp), so every path quantizes alike;
+// they take 10x less time than the scalar loop, which was a third of a one-row call.
+inline float quantize_block32_portable(const float* x, int8_t* low, int8_t* high,
+                                       int32_t half_sum[2]) {
+  float amax = 0.0f;
+  for (int i = 0; i < kXBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+  half_sum[0] = half_sum[1] = 0;
+  for (int i = 0; i < kXBlock; ++i) {
+    const float v = std::nearbyint(x[i] * inverse);
+    const int8_t qv = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
+    (i < 16 ? low[i] : high[i - 16]) = qv;
+    half_sum[i / 16] += qv;
+  }
+  return amax;
+}
+
+#if SPECDEC_X86
+// round-half-even(v * inverse) clamped to +-127, as int32 lanes.
+SPECDEC_TARGET_AVX512 inline __m512i quantize16(__m512 v, __m512 inverse) {
+  v = _mm512_roundscale_ps(_mm512_mul_ps(v, inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm512_cvtps_epi32(_mm512_max_ps(_mm512_set1_ps(-127.0f), _mm512_min_ps(_mm512_set1_ps(127.0f), v)));
+}
+
+SPECDEC_TARGET_AVX512 inline float quantize_block32_avx512(const float* x, int8_t* low,
+                                                           int8_t* high, int32_t half_sum[2]) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512 magnitude = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  const float amax = _mm512_reduce_max_ps(
+      _mm512_max_ps(_mm512_and_ps(a, magnitude), _mm512_and_ps(b, magnitude)));
+  const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const __m512i qa = quantize16(a, inverse), qb = quantize16(b, inverse);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtepi32_epi8(qb));
+  half_sum[0] = _mm512_reduce_add_epi32(qa);
+  half_sum[1] = _mm512_reduce_add_epi32(qb);
+  return amax;
+}
+
+SPECDEC_TARGET_AVX2 inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+SPECDEC_TARGET_AVX2 inline float quantize_block32_avx2(const float* x, int8_t* low, int8_t* high,
+                                                       int32_t half_sum[2]) {
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude)),
+                           _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude)));
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q[i] = _mm256_cvtps_epi32(_mm256_max_ps(lo, _mm256_min_ps(hi, r)));
+  }
+  // Packs work within 128-bit lanes; the permutes put the values back in order (|q| <= 127:
+  // the saturating packs are exact).
+  const __m256i w01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+  const __m256i w23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+  const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(w01, w23), 0xD8);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm256_castsi256_si128(bytes));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm256_extracti128_si256(bytes, 1));
+  half_sum[0] = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+  half_sum[1] = hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+  return amax;
+}
+#endif
+
 // Quantizes row `m` of x (K values): per block of 32 values (the last one may be shorter),
 // scale = amax / 127 and q = round-half-even(x * (127 / amax)), all in float32 (the
 // reference, specdec_kernels.reference.quantize_activations, does the same operations).
 template <typename T>
-void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out) {
+void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out, int level) {
   const int64_t K = out.K;
   const int cv = chunk_values(out.int4);
   int8_t* q = out.q.data() + m * out.padded;
   float* lanes = out.lane_scale.data() + m * (out.padded / cv) * kLanes;
   float* sums = out.group_sum.data() + m * out.groups;
   for (int64_t g = 0; g < out.groups; ++g) sums[g] = 0.0f;
+  float block_values[kXBlock];
   for (int64_t b0 = 0; b0 < K; b0 += kXBlock) {
     const int64_t len = std::min<int64_t>(kXBlock, K - b0);
-    float amax = 0.0f;
-    for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[b0 + i])));
-    const float scale = amax / 127.0f;
-    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     // Where the block's values go: int8 in place; int4 low partners (values 0..15 of the
     // block) at chunk * 128 + block * 16, high partners 64 further.
     const int64_t block_in_chunk = (b0 % 128) / 32;
     int8_t* low = q + (out.int4 ? (b0 / 128) * 128 + block_in_chunk * 16 : b0);
     int8_t* high = out.int4 ? low + 64 : low + 16;
-    // Integer sums of this block's values per weight group it touches, then scaled once.
-    int32_t part = 0;
-    int64_t part_group = b0 / group;
-    for (int64_t i = 0; i < len; ++i) {
-      const int64_t k = b0 + i;
-      const float v = std::nearbyint(static_cast<float>(x[k]) * inverse);
-      const int8_t qv = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
-      if (i < 16) {
-        low[i] = qv;
+    float scale;
+    if (len == kXBlock) {
+      for (int i = 0; i < kXBlock; ++i) block_values[i] = static_cast<float>(x[b0 + i]);
+      int32_t half_sum[2];
+      float amax;
+#if SPECDEC_X86
+      if (level >= simd::kAvx512) {
+        amax = quantize_block32_avx512(block_values, low, high, half_sum);
+      } else if (level >= simd::kAvx2) {
+        amax = quantize_block32_avx2(block_values, low, high, half_sum);
       } else {
-        high[i - 16] = qv;
+        amax = quantize_block32_portable(block_values, low, high, half_sum);
       }
-      if (k / group != part_group) {
-        sums[part_group] += static_cast<float>(part) * scale;
-        part = 0;
-        part_group = k / group;
+#else
+      (void)level;
+      amax = quantize_block32_portable(block_values, low, high, half_sum);
+#endif
+      scale = amax / 127.0f;
+      // Integer sums of this block's values per weight group it touches (a group of 16
+      // holds one half), then scaled once: the order of the scalar loop below.
+      if (group >= kXBlock) {
+        sums[b0 / group] += static_cast<float>(half_sum[0] + half_sum[1]) * scale;
+      } else {
+        sums[b0 / group] += static_cast<float>(half_sum[0]) * scale;
+        sums[b0 / group + 1] += static_cast<float>(half_sum[1]) * scale;
       }
-      part += qv;
+    } else {  // the short last block
+      float amax = 0.0f;
+      for (int64_t i = 0; i < len; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x[b0 + i])));
+      scale = amax / 127.0f;
+      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t part = 0;
+      int64_t part_group = b0 / group;
+      for (int64_t i = 0; i < len; ++i) {
+        const int64_t k = b0 + i;
+        const float v = std::nearbyint(static_cast<float>(x[k]) * inverse);
+        const int8_t qv = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
+        (i < 16 ? low[i] : high[i - 16]) = qv;
+        if (k / group != part_group) {
+          sums[part_group] += static_cast<float>(part) * scale;
+          part = 0;
+          part_group = k / group;
+        }
+        part += qv;
+      }
+      sums[part_group] += static_cast<float>(part) * scale;
     }
-    sums[part_group] += static_cast<float>(part) * scale;
     // Lane scales: int8 lane l of a chunk covers values 4l..4l+3 (block l / 8 of the chunk);
     // int4 lane l covers block l / 4 of the chunk (low and high partners alike).
     const int64_t block = b0 / kXBlock;
@@ -115,7 +219,8 @@ void quantize_row(const T* x, int64_t m, int64_t group, QuantizedRows& out) {
 }
 
 template <typename T>
-QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t K, int64_t group, bool int4) {
+QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t K, int64_t group, bool int4,
+                            int level) {
   QuantizedRows out;
   out.rows = rows;
   out.K = K;
@@ -126,7 +231,7 @@ QuantizedRows quantize_rows(const T* x, int64_t rows, int64_t K, int64_t group, 
   out.q.assign(rows * out.padded, 0);
   out.lane_scale.assign(rows * (out.padded / cv) * kLanes, 0.0f);
   out.group_sum.assign(rows * out.groups, 0.0f);
-  for (int64_t m = 0; m < rows; ++m) quantize_row(x + m * K, m, group, out);
+  for (int64_t m = 0; m < rows; ++m) quantize_row(x + m * K, m, group, out, level);
   return out;
 }
 

@@ -115,12 +115,12 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
   const at::Tensor q = qweight.contiguous();
   const at::Tensor s = scales.contiguous();
   const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
+  const int level = simd::max_level();
   const QuantizedRows xq =
       dtype == at::kFloat
-          ? qdot::quantize_rows(rows.const_data_ptr<float>(), M, K, group, int4)
-          : qdot::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, group, int4);
+          ? qdot::quantize_rows(rows.const_data_ptr<float>(), M, K, group, int4, level)
+          : qdot::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, group, int4, level);
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  const int level = simd::max_level();
   auto run = [&](auto scale_tag) {
     using S = decltype(scale_tag);
     const QuantizedWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),

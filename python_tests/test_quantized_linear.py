@@ -115,6 +115,25 @@ def test_activation_quantization_reference():
     assert reference.quantize_activations(half)[0].tolist() == [[127, 0, 2]]
 
 
+@pytest.mark.parametrize("k,group", [(96, 32), (80, 16), (576, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_cpu_path_quantizes_activations_as_the_reference(cpu_isa, k, group, dtype, gen):
+    """One-hot int8 weights with scale 1 read each quantized activation back exactly
+    (``out[m, j] = q[m, j] * scale[m, j // 32]``): every path's activation quantization is the
+    reference's, round-half-even ties, zero blocks and the short last block included."""
+    x = torch.randn(5, k, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 1.0])[:, None]
+    x[3, :32] = torch.arange(-16, 16) + 0.5  # amax 15.5: not exact ties, but near them
+    x[4, :] = 0.0
+    x[4, 1], x[4, 2], x[4, 3], x[4, 0] = 2.5, -3.5, 0.5, 127.0  # amax 127: exact ties
+    x[4, 32], x[4, 33] = 47.0, 23.5  # a tie only if 127 / 47 is divided, not reciprocated
+    x = x.to(dtype)
+    weights = torch.eye(k, dtype=torch.int8)
+    scales = torch.ones(k, k // group)
+    q, act_scales = reference.quantize_activations(x)
+    want = q.float() * act_scales.repeat_interleave(32, 1)[:, :k]
+    assert torch.equal(ops.quantized_linear(x, weights, scales).float(), want.to(dtype).float())
+
+
 def test_leading_dims_and_empty(device, gen):
     x, q, s, mn, _ = to(device, *operands(6, 5, 64, 4, 32, gen))
     got = ops.quantized_linear(x.view(2, 3, 64), q, s, mn)

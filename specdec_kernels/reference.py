@@ -560,7 +560,9 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     padded = torch.nn.functional.pad(x, (0, blocks * ACTIVATION_BLOCK - k))
     amax = padded.view(rows, blocks, ACTIVATION_BLOCK).abs().amax(-1)
     scales = amax / 127.0
-    inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # A true division: ``127.0 / amax`` would be ``reciprocal(amax) * 127`` in torch, which
+    # differs in the last bit for some amax and moves exact ties (x = 23.5, amax = 47).
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     scaled = padded.view(rows, blocks, ACTIVATION_BLOCK) * inverse[..., None]
     q = torch.round(scaled).clamp(-127, 127).to(torch.int8).view(rows, -1)[:, :k]
     return q, scales
