@@ -11,7 +11,7 @@ from python_tests.decoding_helpers import tiny_model
 from specdec_kernels.decoding.drafter import ExtraRows
 from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
 from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
-from specdec_kernels.models.quantized_weight import quantize_model
+from specdec_kernels.models.quantized_weight import joined_rows, quantize_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -41,7 +41,12 @@ def model(request):
     weights held as buffers, run by the quantized kernel)."""
     family, dtype = request.param
     if dtype == "int4":
-        return quantize_model(tiny_model(family, vocab=61, layers=3), bits=4, group=32)
+        model = tiny_model(family, vocab=61, layers=3, attention_bias=True)
+        model = quantize_model(model, bits=4, group=32)
+        assert joined_rows([model.model.layers[0].self_attn.q_proj.weight,
+                            model.model.layers[0].self_attn.k_proj.weight,
+                            model.model.layers[0].self_attn.v_proj.weight]) is not None
+        return model
     return tiny_model(family, vocab=61, layers=3, dtype=dtype, attention_bias=family == "llama")
 
 

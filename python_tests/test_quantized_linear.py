@@ -10,6 +10,9 @@ from specdec_kernels import ops, reference
 from specdec_kernels.decoding.cpu_matmul import RoutedLinears
 from specdec_kernels.models.quantized_weight import (
     QuantizedWeight,
+    joined_rows,
+    lay_out_together,
+    set_weight,
     pack_int4,
     quantize_model,
     quantize_weight,
@@ -228,3 +231,29 @@ def test_quantized_weight_in_a_module(gen):
     assert torch.equal(qw + 0, qw.dequantize())  # anything else: the dense weight
     assert resident_bytes(linear) == qw.nbytes_resident + 10 * 4
     assert resident_bytes(embed) == 10 * 64 * 4
+
+
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 16)])
+def test_weights_laid_out_together_run_as_one(bits, group, gen):
+    """Sibling linears put in one storage keep their values; joined, one kernel call gives
+    every block's columns bit for bit; anything not laid out that way is not joined."""
+    linears = [torch.nn.Linear(64, n, bias=False) for n in (24, 8, 8)]
+    quantized = [quantize_weight(torch.randn(n, 64, generator=gen), bits, group) for n in (24, 8, 8)]
+    for layer, weight in zip(linears, quantized):
+        set_weight(layer, weight)
+    assert joined_rows(quantized) is None  # separate storages
+    assert lay_out_together(linears)
+    for layer, weight in zip(linears, quantized):
+        assert torch.equal(layer.weight.dequantize(), weight.dequantize())
+    joined = joined_rows([layer.weight for layer in linears])
+    assert joined.shape == (40, 64)
+    x = torch.randn(5, 64, generator=gen)
+    parts = ops.quantized_linear(x, joined.qweight, joined.scales, joined.mins).split([24, 8, 8], -1)
+    for part, weight in zip(parts, quantized):
+        assert torch.equal(part, weight.linear(x))
+    assert joined_rows([linears[1].weight, linears[0].weight]) is None  # out of order
+    other = quantize_weight(torch.randn(8, 64, generator=gen), 8 if bits == 4 else 4, 32)
+    assert not lay_out_together([linears[0], torch.nn.Linear(64, 8)])  # a float weight
+    holder = torch.nn.Linear(64, 8)
+    set_weight(holder, other)
+    assert not lay_out_together([linears[0], holder])  # another format

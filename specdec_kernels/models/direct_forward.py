@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specdec_kernels.models.quantized_weight import joined_rows
+
 __all__ = ["DirectForward", "unsupported_reason"]
 
 #: Model types whose decoder layers this module reproduces, with the RMSNorm class each uses.
@@ -116,17 +118,42 @@ def _linear_parts(module: torch.nn.Linear) -> tuple:
     return _weight(module), module._parameters.get("bias")
 
 
+class _Group:
+    """Linears that read one input (a layer's q/k/v, gate/up). Where their weights are row
+    blocks of one storage (:func:`~specdec_kernels.models.quantized_weight.lay_out_together`)
+    one call computes them all, its output split by columns: bit-identical per column, one
+    call's overhead and one quantization of the input instead of several."""
+
+    __slots__ = ("modules", "_weights", "_joined", "_sizes")
+
+    def __init__(self, modules):
+        self.modules = modules
+        self._weights, self._joined, self._sizes = (), None, []
+
+    def __call__(self, x: Tensor, linear: Callable) -> list:
+        parts = [_linear_parts(m) for m in self.modules]
+        weights = tuple(w for w, _ in parts)
+        if len(weights) != len(self._weights) or any(a is not b for a, b in zip(weights, self._weights)):
+            self._weights, self._joined = weights, joined_rows(weights)
+            self._sizes = [w.shape[0] for w in weights]
+        biases = [b for _, b in parts]
+        if self._joined is None or (any(b is None for b in biases) and any(b is not None for b in biases)):
+            return [linear(x, w, b) for w, b in parts]
+        bias = None if biases[0] is None else torch.cat(biases)
+        return linear(x, self._joined, bias).split(self._sizes, -1)
+
+
 class _Layer:
     """One decoder layer's modules, found once (their parameters are read on every call)."""
 
-    __slots__ = ("input_norm", "post_norm", "q", "k", "v", "o", "gate", "up", "down",
+    __slots__ = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down",
                  "q_norm", "k_norm", "head_dim", "scaling", "act")
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
-        self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.gate, self.up, self.down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.qkv, self.o = _Group((attn.q_proj, attn.k_proj, attn.v_proj)), attn.o_proj
+        self.gate_up, self.down = _Group((mlp.gate_proj, mlp.up_proj)), mlp.down_proj
         self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.head_dim, self.scaling = attn.head_dim, attn.scaling
         self.act = getattr(mlp.act_fn, "forward", mlp.act_fn)  # no hooks on an activation
@@ -230,16 +257,13 @@ class DirectForward:
         for index, layer in enumerate(layers):
             x = rms_norm(hidden, layer.input_norm)
             shape = (batch, width, -1, layer.head_dim)
-            q = linear(x, *_linear_parts(layer.q)).view(shape)
-            k = linear(x, *_linear_parts(layer.k)).view(shape)
-            v = linear(x, *_linear_parts(layer.v)).view(shape)
+            q, k, v = (y.view(shape) for y in layer.qkv(x, linear))
             if layer.q_norm is not None:  # Qwen3: per-head norms before the rotary embedding
                 q, k = rms_norm(q, layer.q_norm), rms_norm(k, layer.k_norm)
             out = attend(index, _rotate(q, cos, sin), _rotate(k, cos, sin), v, layer.scaling)
             hidden = hidden + linear(out.reshape(batch, width, -1), *_linear_parts(layer.o))
             x = rms_norm(hidden, layer.post_norm)
-            gate = linear(x, *_linear_parts(layer.gate))
-            up = linear(x, *_linear_parts(layer.up))
+            gate, up = layer.gate_up(x, linear)
             hidden = hidden + linear(layer.act(gate) * up, *_linear_parts(layer.down))
             if index in capture:
                 captured[index] = hidden

@@ -33,7 +33,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec_kernels.models.quantized_weight import QuantizedWeight, set_weight
+from specdec_kernels.models.quantized_weight import (
+    QuantizedWeight,
+    lay_out_projections,
+    set_weight,
+)
 
 __all__ = ["REPACKED_TYPES", "load_gguf_model", "repack"]
 
@@ -271,6 +275,7 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
             weight = torch.from_numpy(np.array(_processed(processor, tensor.name, weight.float().numpy()))).to(dtype)
         placed[hf_name] = weight
     _place(model, placed, device)
+    lay_out_projections(model)  # a layer's q/k/v and gate/up run as one kernel call each
     model.eval()
     return model, tokenizer
 

@@ -17,6 +17,9 @@ from torch import Tensor, nn
 
 __all__ = [
     "QuantizedWeight",
+    "joined_rows",
+    "lay_out_projections",
+    "lay_out_together",
     "quantize_model",
     "quantize_weight",
     "resident_bytes",
@@ -195,7 +198,8 @@ def pack_int4(values: Tensor) -> Tensor:
 
 def quantize_model(model: nn.Module, bits: int, group: int) -> nn.Module:
     """Every ``nn.Linear`` weight of ``model`` (in place) replaced by its :func:`quantize_weight`;
-    tied weights stay tied (one quantized copy). Embeddings and norms are untouched.
+    tied weights stay tied (one quantized copy). Embeddings and norms are untouched. A layer's
+    q/k/v and gate/up weights end up in one storage each (:func:`lay_out_projections`).
 
     Linears whose K is not a multiple of ``group`` keep their dense weight.
     """
@@ -210,6 +214,7 @@ def quantize_model(model: nn.Module, bits: int, group: int) -> nn.Module:
         if key not in done:
             done[key] = quantize_weight(weight, bits, group)
         set_weight(module, done[key])
+    lay_out_projections(model)
     return model
 
 
@@ -230,3 +235,77 @@ def resident_bytes(model: nn.Module) -> int:
         seen.add(key)
         total += tensor.untyped_storage().nbytes()
     return total
+
+
+def _parts(weight: QuantizedWeight) -> list:
+    return [weight.qweight, weight.scales] + ([weight.mins] if weight.mins is not None else [])
+
+
+def _compatible(weights) -> bool:
+    first = weights[0]
+    return all(
+        isinstance(w, QuantizedWeight) and w.dtype == first.dtype and w.shape[1] == first.shape[1]
+        and w.qweight.dtype == first.qweight.dtype and w.scales.dtype == first.scales.dtype
+        and w.group == first.group and (w.mins is None) == (first.mins is None)
+        and w.device == first.device
+        for w in weights
+    )
+
+
+def lay_out_together(modules: list) -> bool:
+    """Put the quantized weights of ``modules`` in one storage, each module's weight a view of
+    its rows in order, so that :func:`joined_rows` sees them as one weight: a decoder layer's
+    q/k/v (or gate/up) projections read the same input, and one kernel call for all of them
+    costs one call's overhead and quantizes the input once. Values are unchanged.
+
+    Returns
+    -------
+    bool
+        Whether it did (the weights must be quantized alike: format, group, K, dtype).
+    """
+    weights = [m.weight for m in modules]
+    if len(weights) < 2 or not _compatible(weights):
+        return False
+    joined = [torch.cat(parts) for parts in zip(*(_parts(w) for w in weights))]
+    begin = 0
+    for module, weight in zip(modules, weights):
+        rows = slice(begin, begin + weight.shape[0])
+        views = [j[rows] for j in joined] + ([None] if weight.mins is None else [])
+        set_weight(module, QuantizedWeight(*views, dtype=weight.dtype, kind=weight.kind))
+        begin += weight.shape[0]
+    return True
+
+
+def joined_rows(weights) -> QuantizedWeight | None:
+    """``weights`` as one ``[sum N, K]`` weight when they are consecutive row blocks of one
+    storage (:func:`lay_out_together`), else None. The kernel's result for each row block is
+    bit-identical to that weight's own (its output columns are independent)."""
+    if not _compatible(weights):
+        return None
+    for a, b in zip(weights, weights[1:]):
+        for pa, pb in zip(_parts(a), _parts(b)):
+            if (not pa.is_contiguous() or not pb.is_contiguous()
+                    or pa.untyped_storage().data_ptr() != pb.untyped_storage().data_ptr()
+                    or pa.data_ptr() + pa.nbytes != pb.data_ptr()):
+                return None
+    rows = sum(w.shape[0] for w in weights)
+    views = [p.as_strided((rows, p.shape[1]), (p.shape[1], 1)) for p in _parts(weights[0])]
+    first = weights[0]
+    return QuantizedWeight(*views, *([None] if first.mins is None else []),
+                           dtype=first.dtype, kind=first.kind)
+
+
+#: Sibling linears that read the same input in the decoder layers of most families.
+PROJECTION_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def lay_out_projections(model: nn.Module) -> int:
+    """:func:`lay_out_together` for every group of :data:`PROJECTION_GROUPS` found in
+    ``model``'s modules (quantized alike). Returns how many groups were laid out."""
+    done = 0
+    for module in model.modules():
+        for names in PROJECTION_GROUPS:
+            linears = [getattr(module, n, None) for n in names]
+            if all(isinstance(m, nn.Linear) for m in linears):
+                done += lay_out_together(linears)
+    return done
