@@ -423,3 +423,80 @@ def test_cli_datastore_build_and_bad_corpus(tmp_path, capsys, loaded):
         cli.main(["datastore", "build", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "x")])
     assert exit_.value.code == 2
     assert "specdec: error: corpus:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- pausing prophets
+
+
+def test_a_prophet_that_does_not_pay_sits_out_longer_each_time():
+    from specdec_kernels.decoding.multi import MAX_PAUSE_STEPS, PAUSE_STEPS, PROBE_STEPS, ProphetPause
+
+    pause = ProphetPause()
+
+    def probe(worth, cost):
+        """Propose and record until the prophet is paused (or PROBE_STEPS * 4 steps)."""
+        for _ in range(PROBE_STEPS * 4):
+            assert pause.proposes()
+            pause.record(worth, cost)
+            if pause._left:
+                return True
+        return False
+
+    def paused_for():
+        steps = 0
+        while not pause.proposes():
+            steps += 1
+        return steps
+
+    assert not probe(worth=2e-3, cost=1e-3)  # it pays: never paused
+    lengths = []
+    for _ in range(6):
+        assert probe(worth=0.0, cost=1e-3)
+        lengths.append(paused_for())
+        pause.record(0.0, 1e-3)  # the step after the pause, proposed
+    assert lengths == [min(PAUSE_STEPS * 2 ** i, MAX_PAUSE_STEPS) for i in range(6)]
+    assert not probe(worth=5e-3, cost=1e-3)  # paying again
+    assert probe(worth=0.0, cost=1e-3) and paused_for() == PAUSE_STEPS  # the length reset
+    assert pause.steps_paused == sum(lengths) + PAUSE_STEPS
+
+
+class _Guesser(PromptLookupDrafter):
+    """One guessed token a step (rarely the target's), slow to propose."""
+
+    name = "guesser"
+
+    def __init__(self, *, pausable=True, seconds=2e-3):
+        super().__init__(max_ngram=2, max_depth=1)
+        self.pausable, self.seconds, self.proposals = pausable, seconds, 0
+
+    def propose(self, state):
+        import time
+
+        from specdec_kernels.decoding.drafter import ChainProposal
+
+        self.proposals += 1
+        time.sleep(self.seconds)
+        guess = (state.pending * 7 + 3) % TINY_VOCAB
+        return ChainProposal(guess[:, None], torch.ones_like(guess), [1] * state.batch)
+
+
+@pytest.mark.parametrize("pausable", [True, False])
+def test_multi_pauses_a_pausable_prophet_that_does_not_pay(tiny, pausable):
+    from specdec_kernels.decoding.multi import PAUSE_STEPS
+
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    want = generate(tiny, [prompt], max_new_tokens=80, eos_token_id=[]).tokens
+    guesser = _Guesser(pausable=pausable)
+    drafter = MultiDrafter([PromptLookupDrafter(max_ngram=3, max_depth=4), guesser],
+                           max_nodes=8, cost_curve={1: 5.0, 64: 5.0})
+    out = generate(tiny, [prompt], drafter=drafter, max_new_tokens=80, eos_token_id=[])
+    assert out.tokens == want
+    report = out.stats.drafter_report["prophets"]
+    steps = out.stats.target_forwards
+    if pausable:
+        assert report["guesser"]["steps_paused"] >= PAUSE_STEPS
+        assert guesser.proposals + report["guesser"]["steps_paused"] == steps
+    else:
+        assert report["guesser"]["steps_paused"] == 0 and guesser.proposals == steps
+    if pausable:  # the lookup's drafts pay for its time more often than the guesses
+        assert report["prompt-lookup"]["steps_paused"] < report["guesser"]["steps_paused"]

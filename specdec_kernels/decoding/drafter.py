@@ -417,6 +417,14 @@ class Drafter:
     #: only when they are sure.
     first_draft_prior: float | None = None
 
+    #: Whether a merging drafter (:class:`~specdec_kernels.decoding.multi.MultiDrafter`) may
+    #: skip this drafter's :meth:`propose` and :meth:`accept` together for any number of steps
+    #: (it pauses a prophet whose accepted drafts are worth less than its proposing time):
+    #: true for drafters that read what they need from ``DecodeState.contexts`` at each
+    #: proposal and keep no state that one step's ``accept`` must follow up (a draft model's
+    #: KV cache does). Default False.
+    pausable = False
+
     #: Target features the drafter reads (see the module's doorways): ``None`` (default,
     #: nothing is captured), ``"final_norm"`` (the final norm's output of accepted rows, in
     #: :attr:`DecodeState.features`), a tuple of capture points (decoder-layer indices and

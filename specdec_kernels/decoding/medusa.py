@@ -106,6 +106,7 @@ class _HeadsDrafter(Drafter):
     """Shared part of the Medusa and blockwise drafters: heads, their cost, the structure."""
 
     target_features = "final_norm"
+    pausable = True  # reads the engine's features of the last accepted row at each proposal
 
     def __init__(self, heads=None, *, tree=None, cost_curve=None, max_nodes: int = 64):
         heads = _as_heads(heads)

@@ -109,6 +109,7 @@ class PromptLookupDrafter(Drafter):
     """
 
     name = "prompt-lookup"
+    pausable = True  # reads the contexts at each proposal (see Drafter.pausable)
 
     def __init__(
         self,

@@ -100,6 +100,7 @@ class RetrievalDrafter(Drafter):
     """
 
     name = "retrieval"
+    pausable = True  # reads the contexts at each proposal (see Drafter.pausable)
 
     def __init__(
         self,

@@ -179,6 +179,7 @@ class SuffixDrafter(Drafter):
     """
 
     name = "suffix"
+    pausable = True  # reads the contexts at each proposal (see Drafter.pausable)
 
     def __init__(self, *, memory: SuffixMemory | None = None, max_depth: int = 16,
                  depth_per_match: float = 3.0, min_match: int = 1, max_nodes: int = 16,

@@ -302,6 +302,7 @@ class TokenRecyclingDrafter(Drafter):
     """
 
     name = "token-recycling"
+    pausable = True  # reads the contexts at each proposal (see Drafter.pausable)
     first_draft_prior = RANK_PRIORS[0][0]  # its depth is the budget's choice, not confidence
 
     def __init__(self, *, successors: int = 8, max_nodes: int = 32, max_depth: int = 8,
