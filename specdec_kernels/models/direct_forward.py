@@ -94,10 +94,11 @@ def unsupported_reason(model) -> str | None:
 def rms_norm(hidden: Tensor, norm: torch.nn.Module) -> Tensor:
     """The family's RMSNorm, op for op: statistics in float32, scale in the input's dtype."""
     dtype = hidden.dtype
-    hidden = hidden.to(torch.float32)
+    if dtype != torch.float32:  # .to() to the same dtype returns the tensor: skip the call
+        hidden = hidden.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
     hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    return _weight(norm) * hidden.to(dtype)
+    return _weight(norm) * (hidden if dtype == torch.float32 else hidden.to(dtype))
 
 
 def _rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
@@ -131,6 +132,15 @@ class _Group:
         self._weights, self._joined, self._sizes = (), None, []
 
     def __call__(self, x: Tensor, linear: Callable) -> list:
+        """Each linear's output (columns of one output where the weights are joined)."""
+        out = self.joined(x, linear)
+        if out is None:
+            return [linear(x, *_linear_parts(m)) for m in self.modules]
+        return out.split(self.sizes, -1)
+
+    def joined(self, x: Tensor, linear: Callable) -> Tensor | None:
+        """``[..., sum N]`` every linear's output side by side, from one call; None where the
+        weights are not row blocks of one storage (or only some linears have a bias)."""
         parts = [_linear_parts(m) for m in self.modules]
         weights = tuple(w for w, _ in parts)
         if len(weights) != len(self._weights) or any(a is not b for a, b in zip(weights, self._weights)):
@@ -138,9 +148,14 @@ class _Group:
             self._sizes = [w.shape[0] for w in weights]
         biases = [b for _, b in parts]
         if self._joined is None or (any(b is None for b in biases) and any(b is not None for b in biases)):
-            return [linear(x, w, b) for w, b in parts]
+            return None
         bias = None if biases[0] is None else torch.cat(biases)
-        return linear(x, self._joined, bias).split(self._sizes, -1)
+        return linear(x, self._joined, bias)
+
+    @property
+    def sizes(self) -> list:
+        """Output columns of each linear (of the weights last seen)."""
+        return self._sizes
 
 
 class _Layer:
@@ -257,10 +272,18 @@ class DirectForward:
         for index, layer in enumerate(layers):
             x = rms_norm(hidden, layer.input_norm)
             shape = (batch, width, -1, layer.head_dim)
-            q, k, v = (y.view(shape) for y in layer.qkv(x, linear))
-            if layer.q_norm is not None:  # Qwen3: per-head norms before the rotary embedding
-                q, k = rms_norm(q, layer.q_norm), rms_norm(k, layer.k_norm)
-            out = attend(index, _rotate(q, cos, sin), _rotate(k, cos, sin), v, layer.scaling)
+            joined = None if layer.q_norm is not None else layer.qkv.joined(x, linear)
+            if joined is not None:  # q and k side by side: one rotary pass for both (exact)
+                nq, nk, _ = layer.qkv.sizes
+                qk = _rotate(joined[..., : nq + nk].view(shape), cos, sin)
+                q, k = qk[:, :, : nq // layer.head_dim], qk[:, :, nq // layer.head_dim :]
+                v = joined[..., nq + nk :].view(shape)
+            else:
+                q, k, v = (y.view(shape) for y in layer.qkv(x, linear))
+                if layer.q_norm is not None:  # Qwen3: per-head norms before the rotary embedding
+                    q, k = rms_norm(q, layer.q_norm), rms_norm(k, layer.k_norm)
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            out = attend(index, q, k, v, layer.scaling)
             hidden = hidden + linear(out.reshape(batch, width, -1), *_linear_parts(layer.o))
             x = rms_norm(hidden, layer.post_norm)
             gate, up = layer.gate_up(x, linear)
