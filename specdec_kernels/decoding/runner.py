@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec_kernels import ops
 from specdec_kernels.decoding import calibration, kernel_choice
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
-from specdec_kernels import ops
 from specdec_kernels.decoding.cpu_matmul import RoutedLinears, kernel_linear
 from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
 from specdec_kernels.models.hf_compat import cache_kwargs
