@@ -125,6 +125,24 @@ TORCH_LIBRARY(specdec, m) {
       "quantized_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins=None, "
       "Tensor? bias=None) -> Tensor");
 
+  // ---------------------------------------------------------------- decoder-layer glue
+  // The small ops between a Llama-family layer's linears, one call each instead of 5-14 torch
+  // ops (their dispatch cost more than their arithmetic at batch 1). Rows are independent:
+  // batch-invariant. Activations float32, bfloat16 or float16; weights and cos/sin in the
+  // activations' dtype; statistics in float32.
+  // RMSNorm over the last dim H: weight [H] * to_dtype(x * rsqrt(mean(x^2) + eps)).
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // The residual add fused with the next norm: sum = x + residual (in x's dtype), and
+  // rms_norm(sum, weight, eps). Returns (sum, normed).
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  // Rotary embedding, rotate-half form: x [B, T, H, D] (last dim contiguous), cos and sin
+  // [B, T, D]: out = x * cos + rotate_half(x) * sin, each product and the sum rounded to x's
+  // dtype (bit-identical to that torch expression). out [B, T, H, D] contiguous.
+  m.def("rotary_embedding(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  // The gated MLP's activation: silu(gate) * up for gate and up [..., I] (last dim contiguous;
+  // the two halves of one joined projection are fine). out [..., I] contiguous.
+  m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+
   // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block
   // (block columns: the tree's nodes, then num_rows window rows). Request b's window has
   // levels[b] levels of window[b] columns; cell (l, i) sits i + l positions after the root,

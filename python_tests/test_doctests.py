@@ -12,6 +12,7 @@ MODULES = [
     "specdec_kernels.ops.kv_cache",
     "specdec_kernels.ops.linear",
     "specdec_kernels.ops.quantized_linear",
+    "specdec_kernels.ops.decoder_layer",
     "specdec_kernels.ops.sampling",
     "specdec_kernels.ops.tree",
     "specdec_kernels.ops.verify",

@@ -605,3 +605,33 @@ def quantized_linear(
     if bias is not None:
         out = out + bias.double()
     return out.to(x.dtype).view(*x.shape[:-1], w.shape[0])
+
+
+# ----------------------------------------------------------------------------- decoder-layer glue
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.rms_norm`: the Llama-family RMSNorm expression
+    (statistics in float32, the normalised row rounded to ``x``'s dtype, then the weight)."""
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    return weight * (hidden * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Reference of :func:`specdec_kernels.ops.add_rms_norm`: ``(x + residual, rms_norm(...))``."""
+    total = x + residual
+    return total, rms_norm(total, weight, eps)
+
+
+def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.rotary_embedding`: ``x * cos + rotate_half(x) *
+    sin`` with ``cos``, ``sin`` ``[B, T, D]`` broadcast over the heads of ``x [B, T, H, D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """Reference of :func:`specdec_kernels.ops.silu_mul`: ``silu(gate) * up``."""
+    return torch.nn.functional.silu(gate) * up

@@ -11,6 +11,8 @@ its CUDA launcher in ``csrc/cuda/<family>.cu``, every schema in ``csrc/registrat
                              ``rollback_paged_kv_cache_``
 :mod:`.linear`               ``small_batch_linear``
 :mod:`.quantized_linear`     ``quantized_linear`` (weights at a GGUF file's precision)
+:mod:`.decoder_layer`        ``rms_norm``, ``add_rms_norm``, ``rotary_embedding``, ``silu_mul``
+                             (the small ops between a decoder layer's linears)
 :mod:`.build`                ``cpu_isa``, ``build_info``, ``has_cuda_kernels``
 ==========================  ==============================================================
 
@@ -23,6 +25,7 @@ below.
 """
 
 from specdec_kernels.ops.build import cpu_isa
+from specdec_kernels.ops.decoder_layer import add_rms_norm, rms_norm, rotary_embedding, silu_mul
 from specdec_kernels.ops.kv_cache import (
     compact_kv_cache_,
     compact_paged_kv_cache_,
@@ -49,6 +52,7 @@ __all__ = [
     "CacheList",
     "LookaheadMasks",
     "TreeMasks",
+    "add_rms_norm",
     "as_cache_list",
     "build_lookahead_masks",
     "build_tree_masks",
@@ -58,9 +62,12 @@ __all__ = [
     "deferred_errors",
     "quantized_linear",
     "raise_deferred_errors",
+    "rms_norm",
     "rollback_paged_kv_cache_",
+    "rotary_embedding",
     "sample",
     "sample_with_probs",
+    "silu_mul",
     "small_batch_linear",
     "tree_attention",
     "typical_verify_chain",

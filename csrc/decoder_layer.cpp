@@ -1,0 +1,226 @@
+// CPU kernels of the decoder-layer glue ops (schemas and semantics: registration.cpp): the
+// RMSNorm, residual add + RMSNorm, rotary embedding and SiLU-gate between a layer's linears.
+//
+// At batch 1 these ops touch a few kilobytes each; what they cost as torch expressions was the
+// dispatch of 5-14 ops apiece (bench/RESULTS.md, 2026-11-26 fourth session). Plain C++ loops:
+// this file is built without -march and with -ffp-contract=off, so every CPU runs the same
+// float operations in the same order (one result on every ISA), and each row is computed on its
+// own (batch-invariant). Sub-float dtypes are widened to float for the arithmetic and rounded
+// back (round to nearest even) wherever torch's expression rounds, which makes the rotary
+// embedding bit-identical to torch's and the norms differ from torch's only in the order of
+// the sum of squares.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace specdec {
+namespace {
+
+// Row counts below this many elements stay on the calling thread (a decoding step's rows).
+constexpr int64_t kParallelElements = 1 << 15;
+
+int64_t row_grain(int64_t row_length) {
+  return std::max<int64_t>(1, kParallelElements / std::max<int64_t>(1, row_length));
+}
+
+template <typename T>
+inline float widen(T v) {
+  return static_cast<float>(v);
+}
+
+// float -> T rounded to nearest even (the identity for float).
+template <typename T>
+inline T round_to(float v) {
+  return static_cast<T>(v);
+}
+
+// sum(x[i]^2) in float: eight partial sums over i % 8, combined pairwise (a fixed order).
+template <typename T>
+float sum_of_squares(const T* x, int64_t n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const float v = widen(x[i + j]);
+      acc[j] += v * v;
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {
+    const float v = widen(x[i]);
+    acc[j] += v * v;
+  }
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// out = weight * to_T(x * rsqrt(mean(x^2) + eps)), as the Llama-family RMSNorm computes it.
+template <typename T>
+void norm_row(const T* x, const T* weight, T* out, int64_t n, float eps) {
+  const float variance = sum_of_squares(x, n) / static_cast<float>(n);
+  const float inverse = 1.f / std::sqrt(variance + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const T normed = round_to<T>(widen(x[i]) * inverse);
+    out[i] = round_to<T>(widen(weight[i]) * widen(normed));
+  }
+}
+
+void check_activation_dtype(const at::Tensor& x, const char* op, const char* name) {
+  const auto t = x.scalar_type();
+  TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
+                    " must be float32, bfloat16 or float16, got ", t);
+}
+
+void check_like(const at::Tensor& t, const at::Tensor& x, const char* op, const char* name,
+                const char* x_name) {
+  TORCH_CHECK_VALUE(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have ", x_name,
+                    "'s dtype ", x.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == x.device(), op, ": ", name, " must be on ", x.device(),
+                    ", got ", t.device());
+}
+
+void check_norm_weight(const at::Tensor& x, const at::Tensor& weight, const char* op) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) > 0, op, ": x must be [..., H] with H > 0, got ",
+                    x.sizes());
+  check_activation_dtype(x, op, "x");
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+                    ": weight must be [H] = [", x.size(-1), "] for x of shape ", x.sizes(),
+                    ", got ", weight.sizes());
+  check_like(weight, x, op, "weight", "x");
+}
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm_weight(x, weight, "rms_norm");
+  const at::Tensor rows = x.contiguous();
+  const at::Tensor w = weight.contiguous();
+  at::Tensor out = at::empty_like(rows);
+  const int64_t n = rows.size(-1), count = rows.numel() / n;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* src = rows.const_data_ptr<scalar_t>();
+    const scalar_t* wp = w.const_data_ptr<scalar_t>();
+    scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        norm_row(src + r * n, wp, dst + r * n, n, static_cast<float>(eps));
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
+                                                    const at::Tensor& residual,
+                                                    const at::Tensor& weight, double eps) {
+  check_norm_weight(x, weight, "add_rms_norm");
+  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), "add_rms_norm: residual must have x's shape ",
+                    x.sizes(), ", got ", residual.sizes());
+  check_like(residual, x, "add_rms_norm", "residual", "x");
+  const at::Tensor a = x.contiguous(), b = residual.contiguous(), w = weight.contiguous();
+  at::Tensor sum = at::empty_like(a), normed = at::empty_like(a);
+  const int64_t n = a.size(-1), count = a.numel() / n;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm", [&] {
+    const scalar_t* pa = a.const_data_ptr<scalar_t>();
+    const scalar_t* pb = b.const_data_ptr<scalar_t>();
+    const scalar_t* wp = w.const_data_ptr<scalar_t>();
+    scalar_t* ps = sum.mutable_data_ptr<scalar_t>();
+    scalar_t* pn = normed.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t o = r * n;
+        for (int64_t i = 0; i < n; ++i) ps[o + i] = round_to<scalar_t>(widen(pa[o + i]) + widen(pb[o + i]));
+        norm_row(ps + o, wp, pn + o, n, static_cast<float>(eps));
+      }
+    });
+  });
+  return {sum, normed};
+}
+
+at::Tensor rotary_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK_VALUE(x.dim() == 4 && x.size(3) % 2 == 0 && x.size(3) > 0,
+                    "rotary_embedding: x must be [B, T, H, D] with D even, got ", x.sizes());
+  check_activation_dtype(x, "rotary_embedding", "x");
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  for (const auto& [t, name] : {std::pair{cos, "cos"}, std::pair{sin, "sin"}}) {
+    TORCH_CHECK_VALUE(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && t.size(1) == T &&
+                          t.size(2) == D,
+                      "rotary_embedding: ", name, " must be [B, T, D] = [", B, ", ", T, ", ", D,
+                      "] (or [1, T, D]) for x of shape ", x.sizes(), ", got ", t.sizes());
+    check_like(t, x, "rotary_embedding", name, "x");
+  }
+  const at::Tensor src = x.stride(3) == 1 ? x : x.contiguous();
+  const at::Tensor c = cos.expand({B, T, D}).contiguous(), s = sin.expand({B, T, D}).contiguous();
+  at::Tensor out = at::empty({B, T, H, D}, x.options());
+  const int64_t half = D / 2;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary_embedding", [&] {
+    const scalar_t* px = src.const_data_ptr<scalar_t>();
+    const scalar_t* pc = c.const_data_ptr<scalar_t>();
+    const scalar_t* ps = s.const_data_ptr<scalar_t>();
+    scalar_t* po = out.mutable_data_ptr<scalar_t>();
+    const int64_t sb = src.stride(0), st = src.stride(1), sh = src.stride(2);
+    at::parallel_for(0, B * T * H, row_grain(D), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t b = r / (T * H), t = (r / H) % T, h = r % H;
+        const scalar_t* xr = px + b * sb + t * st + h * sh;
+        const scalar_t* cr = pc + (b * T + t) * D;
+        const scalar_t* sr = ps + (b * T + t) * D;
+        scalar_t* o = po + r * D;
+        // x * cos + cat(-x2, x1) * sin: each product rounded to the dtype, then the sum.
+        for (int64_t i = 0; i < half; ++i) {
+          const scalar_t a = round_to<scalar_t>(widen(xr[i]) * widen(cr[i]));
+          const scalar_t r2 = round_to<scalar_t>(-widen(xr[i + half]) * widen(sr[i]));
+          o[i] = round_to<scalar_t>(widen(a) + widen(r2));
+        }
+        for (int64_t i = half; i < D; ++i) {
+          const scalar_t a = round_to<scalar_t>(widen(xr[i]) * widen(cr[i]));
+          const scalar_t r2 = round_to<scalar_t>(widen(xr[i - half]) * widen(sr[i]));
+          o[i] = round_to<scalar_t>(widen(a) + widen(r2));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK_VALUE(gate.dim() >= 1 && gate.size(-1) > 0,
+                    "silu_mul: gate must be [..., I] with I > 0, got ", gate.sizes());
+  check_activation_dtype(gate, "silu_mul", "gate");
+  TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), "silu_mul: up must have gate's shape ",
+                    gate.sizes(), ", got ", up.sizes());
+  check_like(up, gate, "silu_mul", "up", "gate");
+  const int64_t n = gate.size(-1);
+  // [rows, I] views where the layout allows (the halves of one joined projection do).
+  const at::Tensor g = (gate.stride(-1) == 1 ? gate : gate.contiguous()).reshape({-1, n});
+  const at::Tensor u = (up.stride(-1) == 1 ? up : up.contiguous()).reshape({-1, n});
+  const int64_t count = g.size(0);
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate.scalar_type(), "silu_mul", [&] {
+    const scalar_t* pg = g.const_data_ptr<scalar_t>();
+    const scalar_t* pu = u.const_data_ptr<scalar_t>();
+    scalar_t* po = out.mutable_data_ptr<scalar_t>();
+    const int64_t sg = g.stride(0), su = u.stride(0);
+    at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = widen(pg[r * sg + i]);
+          const scalar_t act = round_to<scalar_t>(v / (1.f + std::exp(-v)));
+          po[r * n + i] = round_to<scalar_t>(widen(act) * widen(pu[r * su + i]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("rms_norm", &rms_norm_cpu);
+  m.impl("add_rms_norm", &add_rms_norm_cpu);
+  m.impl("rotary_embedding", &rotary_embedding_cpu);
+  m.impl("silu_mul", &silu_mul_cpu);
+}
+
+}  // namespace specdec

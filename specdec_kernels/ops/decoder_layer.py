@@ -1,0 +1,190 @@
+"""Typed wrappers of the decoder-layer glue ops (``csrc/decoder_layer.cpp``,
+``csrc/cuda/decoder_layer.cu``): the RMSNorm, residual add + RMSNorm, rotary embedding and
+SiLU gate that sit between a Llama-family layer's linears, one op each.
+
+At batch 1 on a CPU the torch expressions of these cost more in dispatch than in arithmetic
+(an RMSNorm is 14 aten calls); :class:`~specdec_kernels.models.direct_forward.DirectForward`
+runs them through these ops. Each row is computed on its own, so a row's result is the same
+alone or in any batch (batch-invariant), and the CPU kernels do the same float operations on
+every instruction set. On CUDA they run the torch expressions of the reference.
+
+The fake (meta) kernels are registered right after the wrappers; the executable specification
+is the function of the same name in :mod:`specdec_kernels.reference`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["add_rms_norm", "rms_norm", "rotary_embedding", "silu_mul"]
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dimension, as Llama, Mistral and Qwen compute it.
+
+    ``weight * to_dtype(x * rsqrt(mean(x ** 2) + eps))`` with the statistics in float32. The
+    CPU kernel sums the squares in a fixed order of its own (eight partial sums), so results
+    differ from torch's expression by float32 rounding of the mean only.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[..., H]`` float32, bfloat16 or float16.
+    weight : Tensor
+        ``[H]``, ``x``'s dtype and device.
+    eps : float
+        Added to the mean square.
+
+    Returns
+    -------
+    Tensor
+        ``[..., H]`` contiguous, ``x``'s dtype.
+
+    Raises
+    ------
+    ValueError
+        A weight whose shape, dtype or device does not match ``x``; an unsupported dtype.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specdec_kernels import ops, reference
+    >>> x, w = torch.randn(3, 10), torch.rand(10)
+    >>> torch.allclose(ops.rms_norm(x, w, 1e-6), reference.rms_norm(x, w, 1e-6), atol=1e-6)
+    True
+    """
+    return torch.ops.specdec.rms_norm(x, weight, float(eps))
+
+
+@torch.library.register_fake("specdec::rms_norm")
+def _rms_norm_fake(x, weight, eps):
+    torch._check(weight.shape == x.shape[-1:], lambda: "weight must be [H] for x [..., H]")
+    return x.new_empty(x.shape)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The residual add and the next RMSNorm in one op: ``total = x + residual`` (in ``x``'s
+    dtype) and :func:`rms_norm` of ``total``.
+
+    Parameters
+    ----------
+    x, residual : Tensor
+        ``[..., H]``, same shape, dtype and device (float32, bfloat16 or float16).
+    weight : Tensor
+        ``[H]``, ``x``'s dtype.
+    eps : float
+
+    Returns
+    -------
+    total : Tensor
+        ``[..., H]`` contiguous: ``x + residual``, bit-identical to torch's sum.
+    normed : Tensor
+        ``[..., H]`` contiguous: ``rms_norm(total, weight, eps)``.
+
+    Raises
+    ------
+    ValueError
+        Shapes, dtypes or devices that do not match.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specdec_kernels import ops
+    >>> x, r, w = torch.randn(2, 8), torch.randn(2, 8), torch.ones(8)
+    >>> total, normed = ops.add_rms_norm(x, r, w, 1e-6)
+    >>> torch.equal(total, x + r), torch.allclose(normed, ops.rms_norm(x + r, w, 1e-6))
+    (True, True)
+    """
+    return torch.ops.specdec.add_rms_norm(x, residual, weight, float(eps))
+
+
+@torch.library.register_fake("specdec::add_rms_norm")
+def _add_rms_norm_fake(x, residual, weight, eps):
+    torch._check(residual.shape == x.shape, lambda: "residual must have x's shape")
+    torch._check(weight.shape == x.shape[-1:], lambda: "weight must be [H] for x [..., H]")
+    return x.new_empty(x.shape), x.new_empty(x.shape)
+
+
+def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding in the rotate-half form of Hugging Face's Llama family:
+    ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``.
+
+    ``cos`` and ``sin`` are what the model's own ``rotary_emb`` returns (any RoPE scaling is
+    already in them). Each product and the sum are rounded to ``x``'s dtype as torch's
+    expression rounds them: the result is bit-identical to it.
+
+    Parameters
+    ----------
+    x : Tensor
+        ``[B, T, H, D]`` float32, bfloat16 or float16, ``D`` even; the last dimension
+        contiguous, other strides free (query and key heads side by side in one projection's
+        output are fine).
+    cos, sin : Tensor
+        ``[B, T, D]`` (or ``[1, T, D]``), ``x``'s dtype.
+
+    Returns
+    -------
+    Tensor
+        ``[B, T, H, D]`` contiguous.
+
+    Raises
+    ------
+    ValueError
+        Shapes, dtypes or devices that do not match; an odd ``D``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specdec_kernels import ops, reference
+    >>> x = torch.randn(1, 3, 2, 8)
+    >>> angle = torch.arange(3.0)[:, None] * torch.ones(8)
+    >>> cos, sin = angle.cos()[None], angle.sin()[None]
+    >>> torch.equal(ops.rotary_embedding(x, cos, sin), reference.rotary_embedding(x, cos, sin))
+    True
+    """
+    return torch.ops.specdec.rotary_embedding(x, cos, sin)
+
+
+@torch.library.register_fake("specdec::rotary_embedding")
+def _rotary_embedding_fake(x, cos, sin):
+    torch._check(x.dim() == 4, lambda: "x must be [B, T, H, D]")
+    return x.new_empty(x.shape)
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """The gated MLP's activation: ``silu(gate) * up``, the SiLU rounded to the dtype before
+    the product (as torch's expression rounds it).
+
+    Parameters
+    ----------
+    gate, up : Tensor
+        ``[..., I]``, same shape, dtype and device (float32, bfloat16 or float16); last
+        dimension contiguous (the two halves of one joined gate/up projection are fine).
+
+    Returns
+    -------
+    Tensor
+        ``[..., I]`` contiguous.
+
+    Raises
+    ------
+    ValueError
+        Shapes, dtypes or devices that do not match.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specdec_kernels import ops
+    >>> gate_up = torch.randn(2, 16)
+    >>> out = ops.silu_mul(gate_up[:, :8], gate_up[:, 8:])
+    >>> torch.allclose(out, torch.nn.functional.silu(gate_up[:, :8]) * gate_up[:, 8:])
+    True
+    """
+    return torch.ops.specdec.silu_mul(gate, up)
+
+
+@torch.library.register_fake("specdec::silu_mul")
+def _silu_mul_fake(gate, up):
+    torch._check(up.shape == gate.shape, lambda: "up must have gate's shape")
+    return gate.new_empty(gate.shape)
