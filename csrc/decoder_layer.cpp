@@ -2,13 +2,14 @@
 // RMSNorm, residual add + RMSNorm, rotary embedding and SiLU-gate between a layer's linears.
 //
 // At batch 1 these ops touch a few kilobytes each; what they cost as torch expressions was the
-// dispatch of 5-14 ops apiece (bench/RESULTS.md, 2026-11-26 fourth session). Plain C++ loops:
-// this file is built without -march and with -ffp-contract=off, so every CPU runs the same
-// float operations in the same order (one result on every ISA), and each row is computed on its
-// own (batch-invariant). Sub-float dtypes are widened to float for the arithmetic and rounded
-// back (round to nearest even) wherever torch's expression rounds, which makes the rotary
-// embedding bit-identical to torch's and the norms differ from torch's only in the order of
-// the sum of squares.
+// dispatch of 5-14 ops apiece (bench/RESULTS.md, 2026-11-26 fourth session). Each op gives the
+// bits of the torch expression it replaces, so the direct forward stays bit-identical to the
+// model's own: the element-wise arithmetic is done here in torch's order and roundings
+// (sub-float dtypes widened to float and rounded back, to nearest even, wherever torch rounds;
+// this file is built with -ffp-contract=off), and the two steps whose bits depend on torch's
+// vector code (the row sums of squares of the norms' mean, and SiLU's exp) call torch itself,
+// on tensors of the layout the modules give them. Every row is computed on its own
+// (batch-invariant, as torch's own row reductions are).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -39,28 +40,24 @@ inline T round_to(float v) {
   return static_cast<T>(v);
 }
 
-// sum(x[i]^2) in float: eight partial sums over i % 8, combined pairwise (a fixed order).
+// The sums of x^2 over each row of [count, n] in float32, by torch's own sum (the squares
+// computed here, exactly as torch's pow(x, 2)): the reduction of the RMSNorm expression's
+// mean (torch's mean is this sum divided by n), hence its bits. One aten call instead of six.
 template <typename T>
-float sum_of_squares(const T* x, int64_t n) {
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) {
-      const float v = widen(x[i + j]);
-      acc[j] += v * v;
-    }
-  }
-  for (int j = 0; i < n; ++i, ++j) {
+at::Tensor sums_of_squares(const T* x, int64_t count, int64_t n) {
+  at::Tensor squares = at::empty({count, n}, at::TensorOptions().dtype(at::kFloat));
+  float* sq = squares.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < count * n; ++i) {
     const float v = widen(x[i]);
-    acc[j] += v * v;
+    sq[i] = v * v;
   }
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  return at::sum(squares, {-1}).contiguous();
 }
 
-// out = weight * to_T(x * rsqrt(mean(x^2) + eps)), as the Llama-family RMSNorm computes it.
+// out = weight * to_T(x * rsqrt(sum_sq / n + eps)), as the Llama-family RMSNorm computes it.
 template <typename T>
-void norm_row(const T* x, const T* weight, T* out, int64_t n, float eps) {
-  const float variance = sum_of_squares(x, n) / static_cast<float>(n);
+void norm_row(const T* x, const T* weight, T* out, int64_t n, float sum_sq, float eps) {
+  const float variance = sum_sq / static_cast<float>(n);
   const float inverse = 1.f / std::sqrt(variance + eps);
   for (int64_t i = 0; i < n; ++i) {
     const T normed = round_to<T>(widen(x[i]) * inverse);
@@ -102,9 +99,11 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
     const scalar_t* src = rows.const_data_ptr<scalar_t>();
     const scalar_t* wp = w.const_data_ptr<scalar_t>();
     scalar_t* dst = out.mutable_data_ptr<scalar_t>();
+    const at::Tensor sum_sq = sums_of_squares(src, count, n);
+    const float* var = sum_sq.const_data_ptr<float>();
     at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r)
-        norm_row(src + r * n, wp, dst + r * n, n, static_cast<float>(eps));
+        norm_row(src + r * n, wp, dst + r * n, n, var[r], static_cast<float>(eps));
     });
   });
   return out;
@@ -126,12 +125,12 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
     const scalar_t* wp = w.const_data_ptr<scalar_t>();
     scalar_t* ps = sum.mutable_data_ptr<scalar_t>();
     scalar_t* pn = normed.mutable_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < count * n; ++i) ps[i] = round_to<scalar_t>(widen(pa[i]) + widen(pb[i]));
+    const at::Tensor sum_sq = sums_of_squares(ps, count, n);
+    const float* var = sum_sq.const_data_ptr<float>();
     at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t o = r * n;
-        for (int64_t i = 0; i < n; ++i) ps[o + i] = round_to<scalar_t>(widen(pa[o + i]) + widen(pb[o + i]));
-        norm_row(ps + o, wp, pn + o, n, static_cast<float>(eps));
-      }
+      for (int64_t r = begin; r < end; ++r)
+        norm_row(ps + r * n, wp, pn + r * n, n, var[r], static_cast<float>(eps));
     });
   });
   return {sum, normed};
@@ -195,20 +194,19 @@ at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
   const at::Tensor g = (gate.stride(-1) == 1 ? gate : gate.contiguous()).reshape({-1, n});
   const at::Tensor u = (up.stride(-1) == 1 ? up : up.contiguous()).reshape({-1, n});
   const int64_t count = g.size(0);
+  // torch's own SiLU on a contiguous copy of gate (the layout of the module's own gate_proj
+  // output: the same vectorised and tail elements, hence the same bits), then the product.
+  const at::Tensor act = at::silu(gate.contiguous()).reshape({-1, n});
   at::Tensor out = at::empty(gate.sizes(), gate.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate.scalar_type(), "silu_mul", [&] {
-    const scalar_t* pg = g.const_data_ptr<scalar_t>();
+    const scalar_t* pa = act.const_data_ptr<scalar_t>();
     const scalar_t* pu = u.const_data_ptr<scalar_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
-    const int64_t sg = g.stride(0), su = u.stride(0);
+    const int64_t su = u.stride(0);
     at::parallel_for(0, count, row_grain(n), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = widen(pg[r * sg + i]);
-          const scalar_t act = round_to<scalar_t>(v / (1.f + std::exp(-v)));
-          po[r * n + i] = round_to<scalar_t>(widen(act) * widen(pu[r * su + i]));
-        }
-      }
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t i = 0; i < n; ++i)
+          po[r * n + i] = round_to<scalar_t>(widen(pa[r * n + i]) * widen(pu[r * su + i]));
     });
   });
   return out;

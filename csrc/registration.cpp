@@ -127,9 +127,9 @@ TORCH_LIBRARY(specdec, m) {
 
   // ---------------------------------------------------------------- decoder-layer glue
   // The small ops between a Llama-family layer's linears, one call each instead of 5-14 torch
-  // ops (their dispatch cost more than their arithmetic at batch 1). Rows are independent:
-  // batch-invariant. Activations float32, bfloat16 or float16; weights and cos/sin in the
-  // activations' dtype; statistics in float32.
+  // ops (their dispatch cost more than their arithmetic at batch 1), each bit-identical to the
+  // torch expression it replaces. Rows are independent: batch-invariant. Activations float32,
+  // bfloat16 or float16; weights and cos/sin in the activations' dtype; statistics in float32.
   // RMSNorm over the last dim H: weight [H] * to_dtype(x * rsqrt(mean(x^2) + eps)).
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   // The residual add fused with the next norm: sum = x + residual (in x's dtype), and
@@ -140,7 +140,8 @@ TORCH_LIBRARY(specdec, m) {
   // dtype (bit-identical to that torch expression). out [B, T, H, D] contiguous.
   m.def("rotary_embedding(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   // The gated MLP's activation: silu(gate) * up for gate and up [..., I] (last dim contiguous;
-  // the two halves of one joined projection are fine). out [..., I] contiguous.
+  // the two halves of one joined projection are fine; SiLU as torch computes it on a
+  // contiguous gate). out [..., I] contiguous.
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
 
   // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block

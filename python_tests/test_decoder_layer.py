@@ -1,6 +1,7 @@
 """The decoder-layer glue ops (rms_norm, add_rms_norm, rotary_embedding, silu_mul) against the
-reference over odd shapes and every float dtype, strided inputs as the direct forward passes
-them, batch invariance bit for bit, opcheck and bad input. Cases follow vLLM's kernel tests
+reference over odd shapes and every float dtype (bit for bit on CPU: each op gives the bits of
+the torch expression it replaces), strided inputs as the direct forward passes them, batch
+invariance bit for bit, opcheck and bad input. Cases follow vLLM's kernel tests
 (tests/kernels/core: layernorm with and without the residual, rotary embedding in the
 rotate-half form, silu-and-mul)."""
 
@@ -21,6 +22,14 @@ def tolerance(dtype):
             torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}[dtype]
 
 
+def assert_matches(got, want, device, dtype):
+    """The same bits on CPU; within rounding elsewhere (CUDA runs torch's own expression)."""
+    if device == "cpu":
+        assert torch.equal(got, want), (got - want).abs().max()
+    else:
+        torch.testing.assert_close(got, want, **tolerance(dtype))
+
+
 def norm_operands(rows, hidden, dtype, device, gen):
     x = (torch.randn(rows, hidden, generator=gen) * 3).to(dtype).to(device)
     weight = (torch.rand(hidden, generator=gen) + 0.5).to(dtype).to(device)
@@ -34,7 +43,7 @@ def test_rms_norm_matches_reference(device, rows, hidden, dtype, gen):
     got = ops.rms_norm(x, weight, 1e-6)
     want = reference.rms_norm(x, weight, 1e-6)
     assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
-    torch.testing.assert_close(got, want, **tolerance(dtype))
+    assert_matches(got, want, device, dtype)
 
 
 @pytest.mark.parametrize("rows,hidden", NORM_SHAPES)
@@ -45,7 +54,7 @@ def test_add_rms_norm_matches_reference(device, rows, hidden, dtype, gen):
     total, normed = ops.add_rms_norm(x, residual, weight, 1e-5)
     want_total, want_normed = reference.add_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(total, want_total)  # the add is one rounding, as torch's
-    torch.testing.assert_close(normed, want_normed, **tolerance(dtype))
+    assert_matches(normed, want_normed, device, dtype)
     assert torch.equal(normed, ops.rms_norm(total, weight, 1e-5))
 
 
@@ -54,8 +63,8 @@ def test_rms_norm_takes_leading_dimensions_and_strided_rows(device, gen):
     wide = torch.randn(2, 3, 5 * 16 + 7, generator=gen).to(device)
     heads = wide[..., : 5 * 16].view(2, 3, 5, 16)
     weight = torch.rand(16, generator=gen).to(device)
-    torch.testing.assert_close(ops.rms_norm(heads, weight, 1e-6),
-                               reference.rms_norm(heads, weight, 1e-6), rtol=1e-5, atol=1e-6)
+    assert_matches(ops.rms_norm(heads, weight, 1e-6), reference.rms_norm(heads, weight, 1e-6),
+                   device, torch.float32)
 
 
 def test_rms_norm_of_a_zero_row_is_zero_and_eps_is_used(device):
@@ -107,7 +116,8 @@ def test_silu_mul_matches_reference(device, rows, inner, dtype, gen):
     gate, up = gate_up[:, :inner], gate_up[:, inner:]  # halves of one joined projection
     got = ops.silu_mul(gate, up)
     assert got.shape == (rows, inner) and got.dtype == dtype and got.is_contiguous()
-    torch.testing.assert_close(got, reference.silu_mul(gate, up), **tolerance(dtype))
+    # torch's SiLU on a contiguous gate (as a module's own gate_proj output is): the same bits.
+    assert_matches(got, reference.silu_mul(gate.contiguous(), up), device, dtype)
 
 
 def test_silu_mul_at_extremes(device):
@@ -136,15 +146,6 @@ def test_every_op_is_batch_invariant(dtype, gen):
             assert torch.equal(a[row : row + 1], b)
         alone = ops.rotary_embedding(rope[:, row : row + 1], cos[:, row : row + 1], sin[:, row : row + 1])
         assert torch.equal(ops.rotary_embedding(rope, cos, sin)[:, row : row + 1], alone)
-
-
-def test_results_do_not_depend_on_the_cpu_isa(cpu_isa, gen):
-    """Plain loops without ISA dispatch: every cap gives the bits of the uncapped run."""
-    x, weight = norm_operands(4, 333, torch.float32, "cpu", gen)
-    got = ops.rms_norm(x, weight, 1e-6), ops.silu_mul(x, x)
-    ops.cpu_isa("none")
-    want = ops.rms_norm(x, weight, 1e-6), ops.silu_mul(x, x)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_opcheck(device, gen):

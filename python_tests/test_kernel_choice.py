@@ -60,7 +60,16 @@ def test_machine_cache_round_trip(cache_dir):
     machine_cache.forget("probe")
     assert machine_cache.lookup("probe", {"shape": 1}) is None
     fp = machine_cache.fingerprint()
-    assert set(fp) == {"cpu", "isa", "threads", "torch"} and fp["isa"] == ops.cpu_isa()
+    assert set(fp) == {"cpu", "isa", "threads", "torch", "code"} and fp["isa"] == ops.cpu_isa()
+    assert len(fp["code"]) == 16 and fp["code"] == machine_cache.code_revision()
+
+
+def test_other_code_is_another_measurement(cache_dir, monkeypatch):
+    """A measurement made with other kernels (another build) is not read back."""
+    machine_cache.store("probe", {"shape": 2}, {"v": 1})
+    assert machine_cache.lookup("probe", {"shape": 2}) == {"v": 1}
+    monkeypatch.setattr(machine_cache, "code_revision", lambda: "another build")
+    assert machine_cache.lookup("probe", {"shape": 2}) is None
 
 
 def test_unwritable_cache_still_measures(tmp_path, monkeypatch):

@@ -3,7 +3,9 @@
 Which kernels are fastest, and how a step's cost grows with its width, are properties of the
 machine: the CPU, the instruction set the package's kernels use on it (which
 ``SPECDEC_CPU_ISA`` / :func:`specdec_kernels.ops.cpu_isa` may cap), the thread count and the
-torch build. :func:`fingerprint` names them; :func:`measured` keeps a measurement per
+torch build, and of the package's own code: its compiled kernels and the Python forward that
+calls them (:func:`code_revision`; a measurement of older kernels says nothing about newer
+ones). :func:`fingerprint` names them; :func:`measured` keeps a measurement per
 fingerprint (and whatever else it depends on, e.g. a model's weight shapes) in one small JSON
 file, so it runs once per machine, not once per process.
 
@@ -14,6 +16,8 @@ cache that cannot be written (read-only home) only costs the measurement in ever
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import platform
@@ -23,7 +27,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["cache_file", "cpu_model", "fingerprint", "forget", "lookup", "measured", "store"]
+__all__ = ["cache_file", "code_revision", "cpu_model", "fingerprint", "forget", "lookup",
+           "measured", "store"]
 
 
 def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
@@ -38,9 +43,25 @@ def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+@functools.lru_cache(maxsize=1)
+def code_revision() -> str:
+    """A digest of the package code a step's cost depends on: the compiled extension and the
+    direct forward (``models/direct_forward.py``). A rebuild with other kernels, or another
+    forward, gets measurements of its own (the 2026-11-26 decoder-layer ops made a step a
+    third cheaper, and trees sized on the older curve were too large)."""
+    from specdec_kernels import _C
+    from specdec_kernels.models import direct_forward
+
+    digest = hashlib.sha1()
+    for path in (_C.__file__, direct_forward.__file__):
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def fingerprint() -> dict:
     """What a measurement on this machine depends on: CPU model, the instruction set the
-    package's CPU kernels use now (after any cap), torch's thread count and torch version."""
+    package's CPU kernels use now (after any cap), torch's thread count and torch version, and
+    the package's own code (:func:`code_revision`)."""
     from specdec_kernels import ops
 
     return {
@@ -48,6 +69,7 @@ def fingerprint() -> dict:
         "isa": ops.cpu_isa(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "code": code_revision(),
     }
 
 

@@ -6,8 +6,7 @@ prefix in a :class:`~specdec_kernels.decoding.cache.KVCache`. The model sees onl
 inputs: ``input_ids``, ``position_ids`` (prefix length + depth), a 4D attention mask over
 ``[prefix + block]`` (or the tree-attention metadata) and the cache object. With the package's
 CPU kernels, a Llama-family model's forwards skip the module calls and run the same ops
-directly (:class:`~specdec_kernels.models.direct_forward.DirectForward`: the same results up to
-the rounding of its fused norms, batch-invariant).
+directly (:class:`~specdec_kernels.models.direct_forward.DirectForward`, bit-identical).
 """
 
 from __future__ import annotations
@@ -256,19 +255,14 @@ class ModelRunner:
         direct = self.cpu_kernels and self.device.type == "cpu" and self._direct_available()
         return "direct" if direct else "model"
 
-    def _direct_for(self, cpu_kernels: bool, capacity: int) -> DirectForward | None:
+    def _direct_for(self, cpu_kernels: bool, kv_len: int) -> DirectForward | None:
         """The direct forward when this forward can take it: the package's CPU kernels and
-        tree attention in use, a supported model, no sliding window shorter than the cache's
-        ``capacity``, no forward hooks on its modules (the direct forward would skip them).
-
-        The choice must not change within one sequence: the two forwards round differently
-        (the direct one's fused norms), so a row verified in a block and the same row decoded
-        alone must take the same one. Hence the window is checked against the capacity, not
-        the rows written so far."""
+        tree attention in use, a supported model, no sliding window cutting ``kv_len`` rows,
+        no forward hooks on its modules (the direct forward would skip them)."""
         if not (cpu_kernels and self.uses_tree_kernel):
             return None
         direct = self._direct_available()
-        if direct is None or not direct.covers(capacity) or direct.hooked():
+        if direct is None or not direct.covers(kv_len) or direct.hooked():
             return None
         return direct
 
@@ -383,7 +377,7 @@ class ModelRunner:
         if exit_layer is None:
             for callback in _OBSERVERS.get(self.model, ()):
                 callback(width, batch)
-        direct = self._direct_for(cpu_kernels, cache.capacity)
+        direct = self._direct_for(cpu_kernels, max(starts) + width)
         if direct is not None:
             return self._forward_direct(direct, cache, kwargs, spec, exit_layer,
                                         last_logits_only, gemm_rows)

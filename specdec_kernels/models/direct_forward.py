@@ -8,24 +8,21 @@ RMSNorm was still 14 aten calls). :class:`DirectForward` reads the model's param
 runs Llama, Mistral, Qwen2 and Qwen3 decoders (RMSNorm, rotary embedding from the model's own
 ``rotary_emb``, grouped-query attention, gated MLP) with the package's decoder-layer ops
 (:mod:`specdec_kernels.ops.decoder_layer`: a norm fused with the residual add before it, the
-rotary embedding of q and k in one pass, the SiLU gate): 2,632 aten calls a step of the
+rotary embedding of q and k in one pass, the SiLU gate): 2,966 aten calls a step of the
 default model instead of 3,588.
-The results equal the model's own forward with the same linears and attention up to float
-rounding (the fused norms sum the squares in their own order; the rotary embedding and the
-residual adds are bit-identical; tested per family), and every row is computed on its own, so
-a row's result is the same bits in any block (batch-invariant, tested). A step costs about a
-third less (``python3 -m bench.direct_forward``). The model is not modified; its modules are
-found once and their parameters read on every call, so a replaced weight is seen.
+Every result is bit-identical to the model's own forward with the same linears and attention
+(the ops give the bits of the expressions they replace; tested per family, dtype, block kind
+and weight format, with randomised norm weights), and every row is computed on its own, so a
+row's result is the same bits in any block (batch-invariant, tested). A step costs about a
+third less than the model's forward (``python3 -m bench.direct_forward``). The model is not
+modified; its modules are found once and their parameters read on every call, so a replaced
+weight is seen.
 
 What the caller supplies: a ``linear(x, weight, bias)`` (the package's CPU kernels, or
 ``F.linear``) and an ``attend(layer, q, k, v)`` that stores the block's K/V in its cache and
 returns the attention output. Any architecture this module does not recognise is left to the
 model's own forward (:func:`unsupported_reason` says why), and so is a forward while hooks are
-registered on the model's modules (:meth:`DirectForward.hooked`: they would not run). Since
-the two forwards round differently, one sequence must not switch between them: the runner
-decides per cache (:meth:`~specdec_kernels.decoding.runner.ModelRunner.forward`); a hook
-registered in the middle of a generation switches it, and may change its output.
-"""
+registered on the model's modules (:meth:`DirectForward.hooked`: they would not run)."""
 
 from __future__ import annotations
 
@@ -102,8 +99,9 @@ def unsupported_reason(model) -> str | None:
 
 
 def rms_norm(hidden: Tensor, norm: torch.nn.Module) -> Tensor:
-    """The family's RMSNorm: :func:`specdec_kernels.ops.rms_norm` (one op), or the module's own
-    expression where the weight's dtype differs from the activations' (torch then promotes)."""
+    """The family's RMSNorm: :func:`specdec_kernels.ops.rms_norm` (one op, the same bits), or
+    the module's own expression where the weight's dtype differs from the activations' (torch
+    then promotes)."""
     weight = _weight(norm)
     if weight.dtype == hidden.dtype:
         return ops.rms_norm(hidden, weight, norm.variance_epsilon)
