@@ -19,6 +19,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "decoder_layer_common.h"
+
 namespace specdec {
 namespace {
 
@@ -65,32 +67,8 @@ void norm_row(const T* x, const T* weight, T* out, int64_t n, float sum_sq, floa
   }
 }
 
-void check_activation_dtype(const at::Tensor& x, const char* op, const char* name) {
-  const auto t = x.scalar_type();
-  TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf, op, ": ", name,
-                    " must be float32, bfloat16 or float16, got ", t);
-}
-
-void check_like(const at::Tensor& t, const at::Tensor& x, const char* op, const char* name,
-                const char* x_name) {
-  TORCH_CHECK_VALUE(t.scalar_type() == x.scalar_type(), op, ": ", name, " must have ", x_name,
-                    "'s dtype ", x.scalar_type(), ", got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.device() == x.device(), op, ": ", name, " must be on ", x.device(),
-                    ", got ", t.device());
-}
-
-void check_norm_weight(const at::Tensor& x, const at::Tensor& weight, const char* op) {
-  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) > 0, op, ": x must be [..., H] with H > 0, got ",
-                    x.sizes());
-  check_activation_dtype(x, op, "x");
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == x.size(-1), op,
-                    ": weight must be [H] = [", x.size(-1), "] for x of shape ", x.sizes(),
-                    ", got ", weight.sizes());
-  check_like(weight, x, op, "weight", "x");
-}
-
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_norm_weight(x, weight, "rms_norm");
+  check_norm_args(x, weight, "rms_norm");
   const at::Tensor rows = x.contiguous();
   const at::Tensor w = weight.contiguous();
   at::Tensor out = at::empty_like(rows);
@@ -112,10 +90,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
                                                     const at::Tensor& residual,
                                                     const at::Tensor& weight, double eps) {
-  check_norm_weight(x, weight, "add_rms_norm");
-  TORCH_CHECK_VALUE(residual.sizes() == x.sizes(), "add_rms_norm: residual must have x's shape ",
-                    x.sizes(), ", got ", residual.sizes());
-  check_like(residual, x, "add_rms_norm", "residual", "x");
+  check_add_rms_norm_args(x, residual, weight);
   const at::Tensor a = x.contiguous(), b = residual.contiguous(), w = weight.contiguous();
   at::Tensor sum = at::empty_like(a), normed = at::empty_like(a);
   const int64_t n = a.size(-1), count = a.numel() / n;
@@ -137,17 +112,8 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
 }
 
 at::Tensor rotary_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK_VALUE(x.dim() == 4 && x.size(3) % 2 == 0 && x.size(3) > 0,
-                    "rotary_embedding: x must be [B, T, H, D] with D even, got ", x.sizes());
-  check_activation_dtype(x, "rotary_embedding", "x");
+  check_rotary_embedding_args(x, cos, sin);
   const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
-  for (const auto& [t, name] : {std::pair{cos, "cos"}, std::pair{sin, "sin"}}) {
-    TORCH_CHECK_VALUE(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && t.size(1) == T &&
-                          t.size(2) == D,
-                      "rotary_embedding: ", name, " must be [B, T, D] = [", B, ", ", T, ", ", D,
-                      "] (or [1, T, D]) for x of shape ", x.sizes(), ", got ", t.sizes());
-    check_like(t, x, "rotary_embedding", name, "x");
-  }
   const at::Tensor src = x.stride(3) == 1 ? x : x.contiguous();
   const at::Tensor c = cos.expand({B, T, D}).contiguous(), s = sin.expand({B, T, D}).contiguous();
   at::Tensor out = at::empty({B, T, H, D}, x.options());
@@ -183,12 +149,7 @@ at::Tensor rotary_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, cons
 }
 
 at::Tensor silu_mul_cpu(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK_VALUE(gate.dim() >= 1 && gate.size(-1) > 0,
-                    "silu_mul: gate must be [..., I] with I > 0, got ", gate.sizes());
-  check_activation_dtype(gate, "silu_mul", "gate");
-  TORCH_CHECK_VALUE(up.sizes() == gate.sizes(), "silu_mul: up must have gate's shape ",
-                    gate.sizes(), ", got ", up.sizes());
-  check_like(up, gate, "silu_mul", "up", "gate");
+  check_silu_mul_args(gate, up);
   const int64_t n = gate.size(-1);
   // [rows, I] views where the layout allows (the halves of one joined projection do).
   const at::Tensor g = (gate.stride(-1) == 1 ? gate : gate.contiguous()).reshape({-1, n});
