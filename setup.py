@@ -12,6 +12,8 @@ Install with ``pip install --no-build-isolation .`` so the build uses the torch 
 
 import glob
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -42,6 +44,30 @@ def cuda_requested() -> bool:
     return torch_has_cuda and CUDA_HOME is not None
 
 
+def check_shared_cxx_runtime() -> None:
+    """Refuse a C++ compiler that would link its own static libstdc++ into ``_C.so``.
+
+    torch has loaded the shared libstdc++ already; a second, static copy inside the extension
+    never initialises its locale, so formatting any error message crashes the process. Seen on
+    the GPU machines' image, whose ``CXX=/opt/gcc/bin/g++`` ships only ``libstdc++.a``.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return  # the build itself will report a compiler that does not run
+    if not os.path.isabs(found):
+        raise SystemExit(
+            f"the C++ compiler CXX={compiler} finds no shared libstdc++ (libstdc++.so), so it "
+            "would link a static copy into specdec_kernels/_C.so and every error raised from C++ "
+            "would crash the process; build with a compiler that has one, e.g. "
+            "CC=/usr/bin/gcc CXX=/usr/bin/g++"
+        )
+
+
 def write_build_config(with_cuda: bool, arch_list: str) -> None:
     """Record what this build compiled, for ``specdec_kernels.build_info()``."""
     text = (
@@ -55,6 +81,7 @@ def write_build_config(with_cuda: bool, arch_list: str) -> None:
 
 
 def extensions():
+    check_shared_cxx_runtime()
     with_cuda = cuda_requested()
     sources = sorted(glob.glob("csrc/*.cpp"))
     # -ffp-contract=off: no fused multiply-adds (GCC fuses by default where the CPU has FMA,

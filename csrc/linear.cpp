@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cpu_dot.h"
+#include "linear_common.h"
 
 namespace specdec {
 namespace {
@@ -114,28 +115,11 @@ void linear_rows(const LinearOperands<T>& op, const TileTable& tiles) {
 
 at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(x.dim() >= 1, "small_batch_linear: x must have shape [..., K], got ", x.sizes());
-  TORCH_CHECK_VALUE(weight.dim() == 2, "small_batch_linear: weight must have shape [N, K], got ",
-                    weight.sizes());
+  const int64_t N = check_small_batch_linear_args(x, weight, bias);
   const int64_t K = weight.size(1);
-  const int64_t N = weight.size(0);
-  TORCH_CHECK_VALUE(x.size(-1) == K, "small_batch_linear: x has shape ", x.sizes(),
-                    " but weight has shape ", weight.sizes(), " (the last dims must match)");
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16,
                     "small_batch_linear: x must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK_VALUE(weight.scalar_type() == dtype, "small_batch_linear: weight has dtype ",
-                    weight.scalar_type(), " but x has ", dtype, " (they must match)");
-  TORCH_CHECK_VALUE(weight.device() == x.device(), "small_batch_linear: weight is on ",
-                    weight.device(), " but x is on ", x.device());
-  if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
-                      "small_batch_linear: bias must have shape [", N, "], got ", bias->sizes());
-    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "small_batch_linear: bias has dtype ",
-                      bias->scalar_type(), " but x has ", dtype);
-    TORCH_CHECK_VALUE(bias->device() == x.device(), "small_batch_linear: bias is on ",
-                      bias->device(), " but x is on ", x.device());
-  }
   std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
   out_sizes.back() = N;
   int64_t M = 1;

@@ -126,7 +126,7 @@ def truncated_copy(model, num_layers: int):
     draft = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
     missing, _ = draft.load_state_dict(model.state_dict(), strict=False)
     assert not [k for k in missing if "rotary" not in k], missing
-    return draft.eval().requires_grad_(False)
+    return draft.to(model.device).eval().requires_grad_(False)
 
 
 @torch.inference_mode()

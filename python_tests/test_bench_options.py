@@ -270,6 +270,7 @@ def test_bench_refuses_a_draft_with_another_tokenizer(tmp_path, capsys):
     assert "the draft model's tokenizer does not match the target's" in capsys.readouterr().err
 
 
+@pytest.mark.default_model
 def test_bench_passes_the_drafter_options(tmp_path):
     out = tmp_path / "bench"
     cli.main(["bench", "--categories", "qa", "--max-new-tokens", "6", "--out", str(out),

@@ -127,6 +127,7 @@ def test_debug_shows_the_traceback_of_user_errors(where):
         cli.main(argv)
 
 
+@pytest.mark.default_model
 def test_unexpected_errors_keep_their_traceback(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
@@ -167,6 +168,7 @@ def _load_with_context(context):
     return load_model
 
 
+@pytest.mark.default_model
 def test_a_prompt_beyond_the_context(monkeypatch, capsys):
     monkeypatch.setattr(specdec_kernels.models, "load_model", _load_with_context(64))
     prompt = dev_prompts()[7]  # 188 tokens

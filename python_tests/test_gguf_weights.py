@@ -21,7 +21,7 @@ BLOCKS = {"Q8_0": (34, [0]), "Q4_0": (18, [0]), "Q4_1": (20, [0, 2]),
 
 
 def random_blocks(kind, rows, columns, seed=0):
-    import gguf
+    gguf = pytest.importorskip("gguf")
 
     size, halves = BLOCKS[kind]
     values_per_block = 256 if kind.endswith("_K") else 32
@@ -48,7 +48,7 @@ def test_repack_is_exact(kind):
 
 
 def test_dense_types_stay_dense():
-    import gguf
+    gguf = pytest.importorskip("gguf")
 
     data = np.arange(6, dtype=np.float32)
     tensor = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32, shape=np.array([6]), data=data)

@@ -160,6 +160,8 @@ def test_attention_function_rejects_bad_metadata(device):
     good = TreeAttentionMetadata(torch.ones(1, 3, 1, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="soft-capping"):
         tree_attention_forward(module, q, kv, kv, None, softcap=30.0, **{METADATA_KWARG: good})
+    if device != "cpu":
+        return  # on CUDA the layer passes cache lengths unchecked (validating them would sync)
     with pytest.raises(ValueError, match="too short"):
         tree_attention_forward(module, q, kv, kv, None, **{METADATA_KWARG: TreeAttentionMetadata(
             good.packed_mask, torch.tensor([6], device=device))})

@@ -6,6 +6,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,18 @@ def test_install_script_and_pyproject_declare_one_range():
     check = subprocess.run(["bash", "scripts/check_transformers.sh", "nonsense"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 2 and "usage" in check.stderr
+
+
+def test_setup_refuses_a_compiler_without_a_shared_libstdcxx(tmp_path):
+    """A compiler that finds only libstdc++.a (the GPU machines' /opt/gcc) would put a second
+    C++ runtime inside _C.so, and every error raised from C++ crashed the process: the build
+    stops first and names the fix."""
+    fake = tmp_path / "g++"
+    fake.write_text("#!/bin/sh\necho libstdc++.so\n")  # what -print-file-name says when missing
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    run = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT,
+                         env={**os.environ, "CXX": str(fake)}, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode != 0
+    assert f"CXX={fake} finds no shared libstdc++" in run.stderr
+    assert "CXX=/usr/bin/g++" in run.stderr

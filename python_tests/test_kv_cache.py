@@ -412,6 +412,7 @@ def test_compact_unvalidated_indices_stay_inside_the_cache(gen):
     assert torch.equal(storage[2 * 2 * 8 * 64 :], guard)
     assert torch.equal(cache[0, :, 6], before[0, :, 7])
     assert torch.equal(cache[1, :, 3:5], before[1, :, 5:7])
+    lens = torch.tensor([6, 2], device="cuda")  # the call above advanced them in place
     with pytest.raises(ValueError, match="points past"):
         ops.compact_kv_cache_([cache], lens, positions, torch.tensor([3, 3], device="cuda"),
                               validate=True)

@@ -353,7 +353,7 @@ def bad_args(device, **overrides):
         cache_lens=torch.tensor([2, 7], device=device),
         tree_mask=torch.ones(2, 3, 1, dtype=torch.int32, device=device),
     )
-    args.update({k: v.to(device) for k, v in overrides.items()})
+    args.update({k: v(device) if callable(v) else v.to(device) for k, v in overrides.items()})
     return args
 
 
@@ -373,7 +373,9 @@ BAD_ATTENTION = {
     "v shape": (dict(v_cache=torch.zeros(2, 2, 11, 64)), "v_cache has shape"),
     "head dim": (dict(k_cache=torch.zeros(2, 2, 10, 32), v_cache=torch.zeros(2, 2, 10, 32)), "head dim"),
     "batch": (dict(k_cache=torch.zeros(3, 2, 10, 64), v_cache=torch.zeros(3, 2, 10, 64)), "batch"),
-    "strided head": (dict(q=torch.zeros(2, 3, 4, 128)[..., ::2]), "contiguous in its last"),
+    # Built on the device: Tensor.to copies a non-dense view into a contiguous tensor.
+    "strided head": (dict(q=lambda device: torch.zeros(2, 3, 4, 128, device=device)[..., ::2]),
+                     "contiguous in its last"),
 }
 
 

@@ -230,6 +230,12 @@ build() {
     arch=${TORCH_CUDA_ARCH_LIST:-$($PY -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')}
   fi
   rm -f "$BUILT"
+  # The image's CXX (/opt/gcc/bin/g++) has only a static libstdc++, which setup.py refuses (a
+  # second copy inside _C.so crashed every C++ error on the first GPU run): use the system's.
+  if ! "${CXX:-c++}" -print-file-name=libstdc++.so 2>/dev/null | grep -q '^/' && [ -x /usr/bin/g++ ]; then
+    note "CXX=${CXX:-c++} has no shared libstdc++: building with CC=/usr/bin/gcc CXX=/usr/bin/g++"
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++
+  fi
   start=$(now)
   # In place (never pip -e), with the torch installed here; nothing is downloaded. ninja
   # rebuilds only what changed, so a build stopped at its budget goes on where it stopped.
@@ -451,9 +457,11 @@ stage_sanitize() {
   [ "$GPU_CHECK_DRY" = 1 ] && narrow=" and (chain_matches_reference or rollback_paged)"
   total=$(left)
   # memcheck over every CUDA kernel test except torch.compile and opcheck (compilers, not our
-  # kernels) and the 10^6-request statistical tests (too slow under the tool); racecheck and
-  # synccheck over the reference comparisons, which launch every kernel variant.
-  sanitize_with memcheck $((total / 2)) "$DEV and not compile and not opcheck and not lossless$narrow"
+  # kernels), the 10^6-request statistical tests (too slow under the tool) and CUDA-graph
+  # capture (it cannot allocate with the caching allocator off, and a failed capture left the
+  # worker's generator mid-capture: 246 later tests failed on the H200, 2026-11-26); racecheck
+  # and synccheck over the reference comparisons, which launch every kernel variant.
+  sanitize_with memcheck $((total / 2)) "$DEV and not compile and not opcheck and not lossless and not capture$narrow"
   total=$(left)
   sanitize_with racecheck $((total / 2)) "$DEV and matches_reference and not compile$narrow"
   sanitize_with synccheck "$(left)" "$DEV and matches_reference and not compile$narrow"

@@ -8,16 +8,14 @@
 
 #include <optional>
 
+#include "linear_common.h"
+
 namespace specdec {
 namespace {
 
 at::Tensor small_batch_linear_cuda(const at::Tensor& x, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1),
-                    "small_batch_linear: x [..., K] and weight [N, K] expected, got ", x.sizes(),
-                    " and ", weight.sizes());
-  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "small_batch_linear: weight has dtype ",
-                    weight.scalar_type(), " but x has ", x.scalar_type(), " (they must match)");
+  check_small_batch_linear_args(x, weight, bias);
   const c10::cuda::CUDAGuard guard(x.device());
   return at::linear(x, weight, bias);
 }

@@ -61,7 +61,11 @@ void launch_teams(void (*kernel)(Params...), int64_t teams, const TeamArgs& ta, 
   const int64_t blocks = teams * ta.size;
   TORCH_CHECK_VALUE(blocks <= 0x7fffffff, what, " = ", teams, " rows need ", blocks,
                     " blocks, more than one launch can have (2^31 - 1)");
-  if (smem > 48 * 1024)
+  // The default dynamic limit is 48 KiB less the kernel's static shared memory (5.5 KiB here):
+  // comparing smem with 48 KiB alone launched 47 KiB plans with "invalid argument" on an H200.
+  cudaFuncAttributes attributes{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  if (static_cast<int64_t>(smem) > attributes.maxDynamicSharedSizeBytes)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   cudaLaunchConfig_t config = {};
