@@ -57,7 +57,8 @@
 # stale one (run `build`).
 #
 # Environment: OUT (the device tool's folder; default build/gpu_check/out), GPU_CHECK_SECONDS
-# (the stage's budget), GPU_CHECK_DRY (0/1; default 1 when no GPU is visible), GPU_CHECK_STATE
+# (the stage's budget), GPU_CHECK_ACCEPTANCE (the results.json the projections read; default: the
+# most recently committed), GPU_CHECK_DRY (0/1; default 1 when no GPU is visible), GPU_CHECK_STATE
 # (the state folder, default build/gpu_check), TORCH_CUDA_ARCH_LIST (default: the visible GPU's,
 # e.g. 9.0 on an H100: one arch keeps the build short), MAX_JOBS (default: all cores),
 # PYTEST_TIMEOUT (per-test seconds, default 150; PYTEST_TIMEOUT_SANITIZER 400).
@@ -349,8 +350,11 @@ stage_e2e() {
   publish
   [ -f "$curve" ] || return
   # Acceptance measured on the newest committed run (any machine: it is the models' property).
-  acceptance=$(ls bench/results/*/results.json 2>/dev/null | awk -F/ '{print substr($3, length($3) - 9) " " $0}' \
-    | sort | tail -1 | cut -d' ' -f2)
+  # Acceptance from the most recently committed benchmark run (raw runs sit in bench/results/
+  # and results/, nested by session); GPU_CHECK_ACCEPTANCE names another.
+  acceptance=${GPU_CHECK_ACCEPTANCE:-$(find bench/results results -name results.json 2>/dev/null \
+    | while read -r f; do echo "$(git log -1 --format=%ct -- "$f" 2>/dev/null || echo 0) $f"; done \
+    | sort -n | tail -1 | cut -d' ' -f2)}
   [ -n "$acceptance" ] || { note "no committed results.json to project from"; return; }
   for model in $($PY -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["models"]))' "$curve"); do
     note ""
