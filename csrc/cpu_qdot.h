@@ -40,6 +40,11 @@ constexpr int kChunkBytes = 64;
 constexpr int chunk_values(bool int4) { return int4 ? 128 : 64; }
 // Lanes (of 4 bytes) in a chunk.
 constexpr int kLanes = 16;
+// Weight tiles fetched ahead: the tiles read a few short rows at once (288-576 bytes at the
+// default model's K = 576), too short for the hardware's stream prefetch to ramp up. Fetching
+// the next tile's line beside each line read: the 135m LM head from memory 2.9 -> 1.6 ms (AVX2)
+// and 2.25 -> 1.55 ms (AVX-512) on 2 threads; 2 or 4 tiles ahead measured no better.
+constexpr int kPrefetchTiles = 1;
 
 // One row of x, quantized for the kernels.
 //   q: K rounded up to whole chunks, int8, in kernel order: int8 weights read it as is;
@@ -410,6 +415,7 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m) xrow[m] = x.q_row(m0 + m), xlanes[m] = x.lane_scale_row(m0 + m);
   const int group_shift = __builtin_ctzll(static_cast<uint64_t>(w.group));  // a power of two
+  const int64_t ahead = kPrefetchTiles * NR * w.row_bytes;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t byte0 = c * kChunkBytes;
     const int64_t left = w.row_bytes - byte0;
@@ -419,6 +425,7 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) {
       const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
+      __builtin_prefetch(wr + ahead, 0, 3);
       const __m512i raw = _mm512_maskz_loadu_epi8(mask, wr);
       const __m512 wscale = _mm512_permutexvar_ps(
           lg.index, _mm512_castps128_ps512(load_scales4(w.scale + (n0 + n) * w.groups + g0, count)));
@@ -546,6 +553,7 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m) xrow[m] = x.q_row(m0 + m), xlanes[m] = x.lane_scale_row(m0 + m);
   const int group_shift = __builtin_ctzll(static_cast<uint64_t>(w.group));
+  const int64_t ahead = kPrefetchTiles * NR * w.row_bytes;
   for (int64_t h = 0; h < halves; ++h) {
     const int64_t byte0 = h * 32;
     if (byte0 >= w.row_bytes) break;  // padding only: zero products
@@ -556,6 +564,7 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) {
       const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
+      if (h % 2 == 0) __builtin_prefetch(wr + ahead, 0, 3);  // once per 64-byte line
       const __m256i raw = load32(wr, w.row_bytes - byte0);
       const __m256 wscale = _mm256_permutevar8x32_ps(
           _mm256_castps128_ps256(load_scales2(w.scale + (n0 + n) * w.groups + g0, count)), lane_group);
