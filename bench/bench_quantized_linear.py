@@ -9,7 +9,12 @@ Shapes: the default model's LM head (49152 x 576, Q8_0 in its file, here also in
 (decoding) and M = 8 (verifying 8 tokens). extra_info["GB/s"]: the bytes the weights occupy
 (values, scales, mins) over the median time: at M = 1 the kernel should stream them at the
 machine's bandwidth (36.8 GB/s read on the 2-core Zen 4 of bench/RESULTS.md).
+`test_quantized_linear_from_memory` makes each call read another copy of the weight (64 MB of
+copies, past the last-level cache), as a decoding step does: that is where the tiles' prefetch
+of the next weight tile shows.
 """
+
+import itertools
 
 import pytest
 import torch
@@ -58,3 +63,15 @@ def test_float32_baseline(benchmark, isa, shape, rows):
     benchmark.group = f"linear {shape} M={rows} {isa}"
     benchmark(lambda: ops.small_batch_linear(x, w))
     record_bandwidth(benchmark, w.numel() * 4)
+
+
+@pytest.mark.parametrize("shape, fmt", [("mlp-135m", "int4-g32"), ("lm-head-135m", "int8-g32")])
+def test_quantized_linear_from_memory(benchmark, isa, shape, fmt):
+    base = quantize_weight(weights(SHAPES[shape]), *FORMATS[fmt])
+    copies = max(2, -(-64 * 2**20 // base.nbytes_resident))
+    cycle = itertools.cycle([(base.qweight.clone(), base.scales.clone(),
+                              None if base.mins is None else base.mins.clone()) for _ in range(copies)])
+    x = torch.randn(1, SHAPES[shape][1])
+    benchmark.group = f"linear {shape} M=1 from memory {isa}"
+    benchmark(lambda: ops.quantized_linear(x, *next(cycle)))
+    record_bandwidth(benchmark, base.nbytes_resident)
