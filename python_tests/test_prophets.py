@@ -17,6 +17,7 @@ from python_tests.decoding_helpers import (
     hf_greedy,
     random_heads,
     tiny_model,
+    truncated_copy,
 )
 from python_tests.test_decoding_sampling import (
     CONFIGS,
@@ -500,3 +501,41 @@ def test_multi_pauses_a_pausable_prophet_that_does_not_pay(tiny, pausable):
         assert report["guesser"]["steps_paused"] == 0 and guesser.proposals == steps
     if pausable:  # the lookup's drafts pay for its time more often than the guesses
         assert report["prompt-lookup"]["steps_paused"] < report["guesser"]["steps_paused"]
+
+
+def test_quantized_self_seeds_its_cache_from_the_target_prefill(tiny, monkeypatch):
+    """The copy does not prefill the prompt again: its cache starts as the target's rows
+    (prefilling the copy through the integer kernel cost about what the target's prefill does),
+    and the output stays the plain loop's."""
+    from specdec_kernels.decoding.quantized import _same_cache_layout
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    prefills, seeded = [], []
+    real_prefill = ModelRunner.prefill
+
+    def counting_prefill(runner, cache, prompts, *args, **kwargs):
+        prefills.append(runner.model)
+        return real_prefill(runner, cache, prompts, *args, **kwargs)
+
+    real_start = QuantizedSelfDrafter.start
+
+    def checking_start(drafter, state):
+        real_start(drafter, state)
+        n = state.cache.host_lens
+        assert drafter.cache.host_lens == n and torch.equal(drafter.cache.lens, state.cache.lens)
+        assert drafter.cache.buffer.data_ptr() != state.cache.buffer.data_ptr()  # a copy
+        assert torch.equal(drafter.cache.buffer[..., : min(n), :], state.cache.buffer[..., : min(n), :])
+        seeded.append(True)
+
+    monkeypatch.setattr(ModelRunner, "prefill", counting_prefill)
+    monkeypatch.setattr(QuantizedSelfDrafter, "start", checking_start)
+    prompts = TINY_PROMPTS[:3]
+    want = generate(tiny, prompts, max_new_tokens=11, eos_token_id=[]).tokens
+    prefills.clear()
+    out = generate(tiny, prompts, drafter=QuantizedSelfDrafter(num_draft=3), max_new_tokens=11,
+                   eos_token_id=[])
+    assert out.tokens == want and seeded
+    assert prefills == [tiny]  # the target's prefill only
+    assert sum(sum(r.proposed_at) for r in out.stats.requests) > 0  # the copy drafted
+    # A draft whose rows differ from the target's (here fewer layers) prefills itself.
+    assert _same_cache_layout(tiny, tiny) and not _same_cache_layout(truncated_copy(tiny, 1), tiny)

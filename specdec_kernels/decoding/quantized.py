@@ -8,7 +8,12 @@ Or, for a target held at higher precision than its GGUF file (``load_model(...,
 weights="float32")``), the file's own quantized weights draft (``gguf=path``).
 
 The copy shares everything but the quantized linears with the target (embeddings, norms): its
-resident cost is the quantized weights alone.
+resident cost is the quantized weights alone. Its cache starts as a copy of the target's after
+the prompt's prefill (same layers, heads and head size), so the prompt is run once: prefilling
+the copy through the integer kernel, compute-bound at hundreds of rows, cost about what the
+target's prefill does and ate the decoding gain on long prompts. The copy's drafts then attend
+to the target's K/V for the prompt and to its own for the rows after it; verification keeps the
+output the target's either way.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import weakref
 import torch
 
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
+from specdec_kernels.decoding.drafter import DecodeState
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.models.quantized_weight import QuantizedWeight, quantize_model
 
@@ -111,6 +117,17 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         self.runner = ModelRunner(self.model)
         super().bind(runner, tokenizer)
 
+    def start(self, state: DecodeState) -> None:
+        target = state.cache.buffer
+        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
+        if target is None or not _same_cache_layout(self.model, state.runner.model):
+            super().start(state)  # prefill the copy itself
+            return
+        super(DraftModelDrafter, self).start(state)
+        self.cache.buffer = target.clone()  # the prompt's rows, as the target computed them
+        self.cache.lens = state.cache.lens.clone()
+        self.cache.host_lens = list(state.cache.host_lens)
+
     def max_block_width(self) -> int:
         return (self.max_draft if self.adaptive else self.num_draft) + 1
 
@@ -121,6 +138,14 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         else:
             out["model"] = f"int{self.bits} copy of the target, groups of {self.group} (quantized_linear)"
         return out
+
+
+def _same_cache_layout(draft, target) -> bool:
+    """Whether ``draft``'s KV cache rows have ``target``'s layout (layers, KV heads, head size),
+    so that the target's cache can seed the draft's."""
+    a, b = draft.config.get_text_config(), target.config.get_text_config()
+    keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "num_attention_heads")
+    return all(getattr(a, k, None) == getattr(b, k, None) for k in keys)
 
 
 def _quantized_linears(model) -> int:
