@@ -119,11 +119,12 @@ class QuantizedSelfDrafter(DraftModelDrafter):
 
     def start(self, state: DecodeState) -> None:
         target = state.cache.buffer
-        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
-        if target is None or not _same_cache_layout(self.model, state.runner.model):
+        if (target is None or target.dtype != self.runner.dtype
+                or not _same_cache_layout(self.model, state.runner.model)):
             super().start(state)  # prefill the copy itself
             return
         super(DraftModelDrafter, self).start(state)
+        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
         self.cache.buffer = target.clone()  # the prompt's rows, as the target computed them
         self.cache.lens = state.cache.lens.clone()
         self.cache.host_lens = list(state.cache.host_lens)
