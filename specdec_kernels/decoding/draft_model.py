@@ -84,8 +84,12 @@ class DraftModelDrafter(AutoregressiveDrafter):
 
     def start(self, state: DecodeState) -> None:
         super().start(state)
-        capacity = state.cache.capacity
-        self.cache = self.runner.new_cache(state.batch, capacity)
+        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
+        self._fill_cache(state)
+
+    def _fill_cache(self, state: DecodeState) -> None:
+        """Put each context's committed rows (all but its pending token) into the draft's
+        cache: a prefill of the draft model."""
         self.runner.prefill(self.cache, [ctx[:-1] for ctx in state.contexts])
 
     def _first_logits(self, state: DecodeState) -> Tensor:

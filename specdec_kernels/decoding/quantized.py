@@ -117,14 +117,12 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         self.runner = ModelRunner(self.model)
         super().bind(runner, tokenizer)
 
-    def start(self, state: DecodeState) -> None:
+    def _fill_cache(self, state: DecodeState) -> None:
         target = state.cache.buffer
         if (target is None or target.dtype != self.runner.dtype
                 or not _same_cache_layout(self.model, state.runner.model)):
-            super().start(state)  # prefill the copy itself
+            super()._fill_cache(state)  # prefill the copy itself
             return
-        super(DraftModelDrafter, self).start(state)
-        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
         self.cache.buffer = target.clone()  # the prompt's rows, as the target computed them
         self.cache.lens = state.cache.lens.clone()
         self.cache.host_lens = list(state.cache.host_lens)
