@@ -12,9 +12,10 @@
 //
 // Batch invariance: every output element is accumulated in one fixed order that depends only
 // on K and the group: an exact integer sum over each 4-value lane of a 64-byte chunk, then
-// float32 lanes chunk after chunk (acc += float(isum) * (w_scale * x_scale)), then the fixed
-// reduction tree of cpu_simd.h, then the min term (its own fixed-order dot product over
-// groups), then the bias. Nothing depends on M, on a row's place in the batch or on threads.
+// float32 lanes chunk after chunk (acc += float(isum) * (w_scale * x_scale)), then the min term
+// (min[g] * group_sum[g]) added lane by lane (vector paths; the portable one sums it apart), then
+// the fixed reduction tree of cpu_simd.h, then the bias. Nothing depends on M, on a row's place
+// in the batch or on threads.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -45,6 +46,12 @@ constexpr int kLanes = 16;
 // the next tile's line beside each line read: the 135m LM head from memory 2.9 -> 1.6 ms (AVX2)
 // and 2.25 -> 1.55 ms (AVX-512) on 2 threads; 2 or 4 tiles ahead measured no better.
 constexpr int kPrefetchTiles = 1;
+// A single row's tiles also fetch into L2 this many tiles ahead: one row does too little work
+// per line for one tile's distance to cover the memory's latency (with the reductions below,
+// a decoding step's quantized linears from memory, `bash bench/kernel_ab/run.sh`, Zen 4:
+// AVX-512 4.98 -> 3.91 ms, AVX2 4.85 -> 4.22 ms). Tiles of several rows (compute-bound)
+// measured 5-10% slower with it.
+constexpr int kFarPrefetchTiles = 4;
 
 // One row of x, quantized for the kernels.
 //   q: K rounded up to whole chunks, int8, in kernel order: int8 weights read it as is;
@@ -258,8 +265,8 @@ template <typename S>
 using QTileFn = void (*)(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S>& w,
                          int64_t n0, float* out, int64_t ldo);
 
-// The min term of one (row, weight row): sum over groups of min[g] * group_sum[g], in a fixed
-// order (8 partial sums by group mod 8, then a fixed tree).
+// The min term of one (row, weight row) on the portable path: sum over groups of
+// min[g] * group_sum[g], in a fixed order (8 partial sums by group mod 8, then a fixed tree).
 template <typename S>
 float min_term_portable(const S* min, const float* group_sum, int64_t groups) {
   float part[8] = {};
@@ -348,16 +355,48 @@ SPECDEC_TARGET_AVX512 inline __m512 load_mins16(const c10::Half* p, __mmask16 ma
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
 }
 
-// The min term, 16 groups at a time (lane l sums groups l, l + 16, ...), then the fixed tree.
+// The min term's lanes added to an output's accumulator (lane l gets min[g] * group_sum[g] for
+// groups l, l + 16, ...): one reduction per output for both sums.
 template <typename S>
-SPECDEC_TARGET_AVX512 float min_term_avx512(const S* min, const float* group_sum, int64_t groups) {
-  __m512 acc = _mm512_setzero_ps();
+SPECDEC_TARGET_AVX512 inline __m512 add_min_lanes(__m512 acc, const S* min, const float* group_sum,
+                                                  int64_t groups) {
   for (int64_t g = 0; g < groups; g += 16) {
     const int64_t left = groups - g;
     const __mmask16 mask = left >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
     acc = _mm512_fmadd_ps(load_mins16(min + g, mask), _mm512_maskz_loadu_ps(mask, group_sum + g), acc);
   }
-  return simd::reduce_add(acc);
+  return acc;
+}
+
+// simd::reduce_add of four vectors at once, bit for bit (the same pairs added in the same
+// order: lanes i + 8, then i + 4, then (0 + 2) + (1 + 3)), the four sums in one vector. One
+// reduction at a time cost a fifth of a 4 x 4 tile's time at K = 576.
+SPECDEC_TARGET_AVX512 inline __m128 reduce_add4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  // 128-bit lane k: the 4 partial sums of input k.
+  const __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  const __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0xEE));
+  const __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x55));
+  const __m512i first_lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_lanes, s1));
+}
+
+// out[n] = sum of acc[n]'s lanes for n < NR (four at a time).
+template <int NR>
+SPECDEC_TARGET_AVX512 inline void store_sums(const __m512 (&acc)[NR], float* out) {
+  const __m512 zero = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int n = 0; n < NR; n += 4) {
+    const int left = NR - n;
+    const __m128 sums = reduce_add4(acc[n], left > 1 ? acc[n + 1] : zero, left > 2 ? acc[n + 2] : zero,
+                                    left > 3 ? acc[n + 3] : zero);
+    if (left >= 4) {
+      _mm_storeu_ps(out + n, sums);
+    } else {
+      _mm_mask_storeu_ps(out + n, static_cast<__mmask8>((1u << left) - 1u), sums);
+    }
+  }
 }
 
 // Up to 4 group scales starting at p (count of them valid), as 4 floats.
@@ -414,21 +453,28 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
   const float* xlanes[MR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m) xrow[m] = x.q_row(m0 + m), xlanes[m] = x.lane_scale_row(m0 + m);
+  // Weight and scale rows out of the loop too (the struct's fields were reloaded per row).
+  const int64_t row_bytes = w.row_bytes, groups = w.groups;
+  const uint8_t* wrow[NR];
+  const S* srow[NR];
+#pragma GCC unroll 8
+  for (int n = 0; n < NR; ++n) wrow[n] = w.q + (n0 + n) * row_bytes, srow[n] = w.scale + (n0 + n) * groups;
   const int group_shift = __builtin_ctzll(static_cast<uint64_t>(w.group));  // a power of two
-  const int64_t ahead = kPrefetchTiles * NR * w.row_bytes;
+  const int64_t ahead = kPrefetchTiles * NR * row_bytes;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t byte0 = c * kChunkBytes;
-    const int64_t left = w.row_bytes - byte0;
+    const int64_t left = row_bytes - byte0;
     const __mmask64 mask = left >= 64 ? ~__mmask64(0) : ((__mmask64(1) << left) - 1);
     const int64_t g0 = (c * cv) >> group_shift;
-    const int count = static_cast<int>(std::min<int64_t>(lg.per_chunk, w.groups - g0));
+    const int count = static_cast<int>(std::min<int64_t>(lg.per_chunk, groups - g0));
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) {
-      const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
+      const uint8_t* wr = wrow[n] + byte0;
       __builtin_prefetch(wr + ahead, 0, 3);
+      if constexpr (MR == 1) __builtin_prefetch(wr + kFarPrefetchTiles * ahead, 0, 2);
       const __m512i raw = _mm512_maskz_loadu_epi8(mask, wr);
-      const __m512 wscale = _mm512_permutexvar_ps(
-          lg.index, _mm512_castps128_ps512(load_scales4(w.scale + (n0 + n) * w.groups + g0, count)));
+      const __m512 wscale =
+          _mm512_permutexvar_ps(lg.index, _mm512_castps128_ps512(load_scales4(srow[n] + g0, count)));
       __m512i lo, hi;
       __mmask64 negative = 0;
       if constexpr (kInt4) {
@@ -457,14 +503,14 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
     }
   }
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
+  for (int m = 0; m < MR; ++m) {
+    if (w.min != nullptr) {
 #pragma GCC unroll 8
-    for (int n = 0; n < NR; ++n) {
-      float sum = simd::reduce_add(acc[m][n]);
-      if (w.min != nullptr)
-        sum += min_term_avx512(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
-      out[m * ldo + n] = sum;
+      for (int n = 0; n < NR; ++n)
+        acc[m][n] = add_min_lanes(acc[m][n], w.min + (n0 + n) * groups, x.group_sum_row(m0 + m), groups);
     }
+    store_sums<NR>(acc[m], out + m * ldo);
+  }
 }
 
 // ----------------------------------------------------------------------------- AVX2
@@ -477,10 +523,10 @@ SPECDEC_TARGET_AVX2 inline float tail_value(const c10::Half* p, int i, int64_t r
   return i < rest ? _cvtsh_ss(p[i].x) : 0.0f;
 }
 
-// The min term, 8 groups at a time (lane l sums groups l, l + 8, ...; the tail zero-filled).
+// The min term's lanes added to an output's accumulator, 8 groups at a time (lane l gets
+// groups l, l + 8, ...; the tail zero-filled).
 template <typename S>
-SPECDEC_TARGET_AVX2 float min_term_avx2(const S* min, const float* group_sum, int64_t groups) {
-  __m256 acc = _mm256_setzero_ps();
+SPECDEC_TARGET_AVX2 __m256 add_min_lanes(__m256 acc, const S* min, const float* group_sum, int64_t groups) {
   int64_t g = 0;
   for (; g + 8 <= groups; g += 8) {
     __m256 mv;
@@ -505,7 +551,41 @@ SPECDEC_TARGET_AVX2 float min_term_avx2(const S* min, const float* group_sum, in
                                      tail_value(s, 6, rest), 0.0f);
     acc = _mm256_fmadd_ps(mv, sv, acc);
   }
-  return simd::reduce_add(acc);
+  return acc;
+}
+
+// simd::reduce_add of four 8-lane vectors at once, bit for bit (lanes i + 4, then
+// (0 + 2) + (1 + 3)), the four sums in one vector.
+SPECDEC_TARGET_AVX2 inline __m128 reduce_add4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  // 128-bit half 0: a's (or c's) 4 partial sums, half 1: b's (or d's).
+  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+  const __m256 ab2 = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0xEE));
+  const __m256 cd2 = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0xEE));
+  const __m256 ab1 = _mm256_add_ps(ab2, _mm256_permute_ps(ab2, 0x55));
+  const __m256 cd1 = _mm256_add_ps(cd2, _mm256_permute_ps(cd2, 0x55));
+  // Lanes 0, 4 of ab1 hold a, b; of cd1, c, d: interleaved, then gathered.
+  const __m256 mixed = _mm256_unpacklo_ps(ab1, cd1);  // a c . . | b d . .
+  return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0)));
+}
+
+// out[n] = sum of acc[n]'s lanes for n < NR (four at a time).
+template <int NR>
+SPECDEC_TARGET_AVX2 inline void store_sums(const __m256 (&acc)[NR], float* out) {
+  const __m256 zero = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int n = 0; n < NR; n += 4) {
+    const int left = NR - n;
+    const __m128 sums = reduce_add4(acc[n], left > 1 ? acc[n + 1] : zero, left > 2 ? acc[n + 2] : zero,
+                                    left > 3 ? acc[n + 3] : zero);
+    if (left >= 4) {
+      _mm_storeu_ps(out + n, sums);
+    } else {
+      alignas(16) float part[4];
+      _mm_store_ps(part, sums);
+      for (int i = 0; i < left; ++i) out[n + i] = part[i];
+    }
+  }
 }
 
 SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const float* p, int count) {
@@ -564,7 +644,10 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
 #pragma GCC unroll 8
     for (int n = 0; n < NR; ++n) {
       const uint8_t* wr = w.q + (n0 + n) * w.row_bytes + byte0;
-      if (h % 2 == 0) __builtin_prefetch(wr + ahead, 0, 3);  // once per 64-byte line
+      if (h % 2 == 0) {  // once per 64-byte line
+        __builtin_prefetch(wr + ahead, 0, 3);
+        if constexpr (MR == 1) __builtin_prefetch(wr + kFarPrefetchTiles * ahead, 0, 2);
+      }
       const __m256i raw = load32(wr, w.row_bytes - byte0);
       const __m256 wscale = _mm256_permutevar8x32_ps(
           _mm256_castps128_ps256(load_scales2(w.scale + (n0 + n) * w.groups + g0, count)), lane_group);
@@ -596,14 +679,14 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
     }
   }
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
+  for (int m = 0; m < MR; ++m) {
+    if (w.min != nullptr) {
 #pragma GCC unroll 8
-    for (int n = 0; n < NR; ++n) {
-      float sum = simd::reduce_add(acc[m][n]);
-      if (w.min != nullptr)
-        sum += min_term_avx2(w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
-      out[m * ldo + n] = sum;
+      for (int n = 0; n < NR; ++n)
+        acc[m][n] = add_min_lanes(acc[m][n], w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
     }
+    store_sums<NR>(acc[m], out + m * ldo);
+  }
 }
 #endif  // SPECDEC_X86
 
