@@ -368,37 +368,6 @@ SPECDEC_TARGET_AVX512 inline __m512 add_min_lanes(__m512 acc, const S* min, cons
   return acc;
 }
 
-// simd::reduce_add of four vectors at once, bit for bit (the same pairs added in the same
-// order: lanes i + 8, then i + 4, then (0 + 2) + (1 + 3)), the four sums in one vector. One
-// reduction at a time cost a fifth of a 4 x 4 tile's time at K = 576.
-SPECDEC_TARGET_AVX512 inline __m128 reduce_add4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  // 128-bit lane k: the 4 partial sums of input k.
-  const __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  const __m512 s2 = _mm512_add_ps(s4, _mm512_permute_ps(s4, 0xEE));
-  const __m512 s1 = _mm512_add_ps(s2, _mm512_permute_ps(s2, 0x55));
-  const __m512i first_lanes = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first_lanes, s1));
-}
-
-// out[n] = sum of acc[n]'s lanes for n < NR (four at a time).
-template <int NR>
-SPECDEC_TARGET_AVX512 inline void store_sums(const __m512 (&acc)[NR], float* out) {
-  const __m512 zero = _mm512_setzero_ps();
-#pragma GCC unroll 8
-  for (int n = 0; n < NR; n += 4) {
-    const int left = NR - n;
-    const __m128 sums = reduce_add4(acc[n], left > 1 ? acc[n + 1] : zero, left > 2 ? acc[n + 2] : zero,
-                                    left > 3 ? acc[n + 3] : zero);
-    if (left >= 4) {
-      _mm_storeu_ps(out + n, sums);
-    } else {
-      _mm_mask_storeu_ps(out + n, static_cast<__mmask8>((1u << left) - 1u), sums);
-    }
-  }
-}
-
 // Up to 4 group scales starting at p (count of them valid), as 4 floats.
 SPECDEC_TARGET_AVX512 inline __m128 load_scales4(const float* p, int count) {
   return _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << count) - 1u), p);
@@ -509,7 +478,7 @@ SPECDEC_TARGET_AVX512VNNI void qtile_avx512(const QuantizedRows& x, int64_t m0,
       for (int n = 0; n < NR; ++n)
         acc[m][n] = add_min_lanes(acc[m][n], w.min + (n0 + n) * groups, x.group_sum_row(m0 + m), groups);
     }
-    store_sums<NR>(acc[m], out + m * ldo);
+    simd::reduce_add_each<NR>(acc[m], out + m * ldo);
   }
 }
 
@@ -552,40 +521,6 @@ SPECDEC_TARGET_AVX2 __m256 add_min_lanes(__m256 acc, const S* min, const float* 
     acc = _mm256_fmadd_ps(mv, sv, acc);
   }
   return acc;
-}
-
-// simd::reduce_add of four 8-lane vectors at once, bit for bit (lanes i + 4, then
-// (0 + 2) + (1 + 3)), the four sums in one vector.
-SPECDEC_TARGET_AVX2 inline __m128 reduce_add4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  // 128-bit half 0: a's (or c's) 4 partial sums, half 1: b's (or d's).
-  const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-  const __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
-  const __m256 ab2 = _mm256_add_ps(ab, _mm256_permute_ps(ab, 0xEE));
-  const __m256 cd2 = _mm256_add_ps(cd, _mm256_permute_ps(cd, 0xEE));
-  const __m256 ab1 = _mm256_add_ps(ab2, _mm256_permute_ps(ab2, 0x55));
-  const __m256 cd1 = _mm256_add_ps(cd2, _mm256_permute_ps(cd2, 0x55));
-  // Lanes 0, 4 of ab1 hold a, b; of cd1, c, d: interleaved, then gathered.
-  const __m256 mixed = _mm256_unpacklo_ps(ab1, cd1);  // a c . . | b d . .
-  return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(mixed, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0)));
-}
-
-// out[n] = sum of acc[n]'s lanes for n < NR (four at a time).
-template <int NR>
-SPECDEC_TARGET_AVX2 inline void store_sums(const __m256 (&acc)[NR], float* out) {
-  const __m256 zero = _mm256_setzero_ps();
-#pragma GCC unroll 8
-  for (int n = 0; n < NR; n += 4) {
-    const int left = NR - n;
-    const __m128 sums = reduce_add4(acc[n], left > 1 ? acc[n + 1] : zero, left > 2 ? acc[n + 2] : zero,
-                                    left > 3 ? acc[n + 3] : zero);
-    if (left >= 4) {
-      _mm_storeu_ps(out + n, sums);
-    } else {
-      alignas(16) float part[4];
-      _mm_store_ps(part, sums);
-      for (int i = 0; i < left; ++i) out[n + i] = part[i];
-    }
-  }
 }
 
 SPECDEC_TARGET_AVX2 inline __m128 load_scales2(const float* p, int count) {
@@ -685,7 +620,7 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
       for (int n = 0; n < NR; ++n)
         acc[m][n] = add_min_lanes(acc[m][n], w.min + (n0 + n) * w.groups, x.group_sum_row(m0 + m), w.groups);
     }
-    store_sums<NR>(acc[m], out + m * ldo);
+    simd::reduce_add_each<NR>(acc[m], out + m * ldo);
   }
 }
 #endif  // SPECDEC_X86
