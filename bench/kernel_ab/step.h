@@ -1,7 +1,8 @@
-// The quantized linears of one decoding step of the default model (30 layers of q/k/v, o,
-// gate/up, down as int4 group 32 with mins; the LM head int8 group 32), weights in memory
-// (~115 MB, past the last-level cache), for an A/B of two versions of csrc/cpu_qdot.h in one
-// process (run.sh): the versions alternate call by call, so the machine's noise falls on both.
+// The linears of one decoding step of the default model (30 layers of q/k/v, o, gate/up, down,
+// and the LM head), weights in memory past the last-level cache, for an A/B of two versions of
+// the CPU tiles in one process (run.sh): the versions alternate call by call, so the machine's
+// noise falls on both. Two kinds: the quantized tiles (csrc/cpu_qdot.h; int4 group 32 with
+// mins, the head int8 group 32: ~115 MB) and the float tiles (csrc/cpu_dot.h; fp32: 540 MB).
 #pragma once
 
 namespace ab {
@@ -10,6 +11,7 @@ struct Step {
   virtual double run(int M, int level) = 0;
   virtual ~Step() {}
 };
-Step* make_old();
-Step* make_new();
+enum Kind { kQuantized = 0, kFloat = 1 };
+Step* make_old(Kind kind);
+Step* make_new(Kind kind);
 }  // namespace ab
