@@ -12,6 +12,7 @@
 #include <limits>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu_dot.h"
@@ -171,32 +172,92 @@ SPECDEC_CLONES void accumulate_values(const float* __restrict probs, const float
 
 #if SPECDEC_X86
 // AVX-512 forms of the three steps. Scores and the value sums use FMAs (results differ from the
-// portable loops by rounding, like the dot tiles; see cpu_simd.h); the softmax is bit-identical.
+// portable loops, and the scores from the AVX2 ones, by rounding, like the dot tiles; see
+// cpu_simd.h); the softmax is bit-identical.
 
-// scores[key, r] = sum_d q_t[d, r] * k[key, d], one FMA chain per (key, r) in d order; q_t is
-// the kRows query rows transposed ([D][kRows]).
-SPECDEC_TARGET_AVX512 void scores_avx512(const float* q_t, const float* k, int64_t k_stride,
-                                         int64_t keys, int64_t head_dim, float* scores) {
-  constexpr int kKeys = 8;
-  int64_t s = 0;
-  for (; s + kKeys <= keys; s += kKeys) {
-    __m512 acc[kKeys];
-    for (int i = 0; i < kKeys; ++i) acc[i] = _mm512_setzero_ps();
+// R query rows (R <= 4) against every key, head dims in C chunks of 16 (C <= 4): the rows
+// stay in registers while the keys stream by.
+template <int R, int C>
+SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_dim, const float* k,
+                                                   int64_t k_stride, int64_t keys, __mmask16 last,
+                                                   float* scores) {
+  __m512 qv[R][C];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < C; ++j) qv[i][j] = _mm512_maskz_loadu_ps(j + 1 < C ? __mmask16(0xFFFF) : last, q + i * head_dim + 16 * j);
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t s = 0; s < keys; ++s) {
     const float* key = k + s * k_stride;
-    for (int64_t d = 0; d < head_dim; ++d) {
-      const __m512 qd = _mm512_loadu_ps(q_t + d * kRows);
-#pragma GCC unroll 8
-      for (int i = 0; i < kKeys; ++i)
-        acc[i] = _mm512_fmadd_ps(qd, _mm512_set1_ps(key[i * k_stride + d]), acc[i]);
+    __m512 acc[4] = {zero, zero, zero, zero};
+#pragma GCC unroll 4
+    for (int j = 0; j < C; ++j) {
+      const __m512 kv = _mm512_maskz_loadu_ps(j + 1 < C ? __mmask16(0xFFFF) : last, key + 16 * j);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) acc[i] = _mm512_fmadd_ps(qv[i][j], kv, acc[i]);
     }
-    for (int i = 0; i < kKeys; ++i) _mm512_storeu_ps(scores + (s + i) * kRows, acc[i]);
+    const __m128 sums = simd::reduce_add4(acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (R == 4) {
+      _mm_storeu_ps(scores + s * kRows, sums);
+    } else {
+      _mm_mask_storeu_ps(scores + s * kRows, static_cast<__mmask8>((1u << R) - 1u), sums);
+    }
   }
-  for (; s < keys; ++s) {
-    __m512 acc = _mm512_setzero_ps();
-    const float* key = k + s * k_stride;
-    for (int64_t d = 0; d < head_dim; ++d)
-      acc = _mm512_fmadd_ps(_mm512_loadu_ps(q_t + d * kRows), _mm512_set1_ps(key[d]), acc);
-    _mm512_storeu_ps(scores + s * kRows, acc);
+}
+
+template <int R, int... C>
+SPECDEC_TARGET_AVX512 void scores_held_rows_dispatch(int chunks, const float* q, int64_t head_dim,
+                                                     const float* k, int64_t k_stride, int64_t keys,
+                                                     __mmask16 last, float* scores,
+                                                     std::integer_sequence<int, C...>) {
+  ((chunks == C + 1 ? scores_held_rows_avx512<R, C + 1>(q, head_dim, k, k_stride, keys, last, scores)
+                    : void()), ...);
+}
+
+// scores[key, r] = q_r . k_key for the first `rows` rows (q_rows [kRows][head_dim], zero past
+// `rows`), key-major into scores [keys][kRows]: lane l of an accumulator sums the products of
+// head dims d = l (mod 16) in d order (FMA chains), then simd::reduce_add's fixed tree, four
+// rows at a time (the order does not depend on how many rows a task has: a token's scores are the
+// same bits in a tree and alone). With the rows in lanes instead (one 16-lane FMA and a key
+// broadcast per head dim, whatever the rows) the scores were half of a decoding token's
+// attention, 3 query rows per KV head (56 us at 512 keys, 1 thread); by key, with the rows held
+// in registers, a decoding token's attention from memory fell by a fifth to a third
+// (`python3 -m bench.attention_prefix`, AVX-512, 2 threads: 25-26 -> 17-18 us a layer at
+// prefix 256, 235 -> 155-165 at 2048) and 8 tokens' did not rise (318-354 -> 320-330 at 2048).
+SPECDEC_TARGET_AVX512 void scores_by_key_avx512(const float* q_rows, int64_t head_dim,
+                                                const float* k, int64_t k_stride, int64_t keys,
+                                                int64_t rows, float* scores) {
+  const int64_t chunks = (head_dim + 15) / 16;
+  const int64_t rest = head_dim - 16 * (chunks - 1);
+  const __mmask16 last = rest == 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << rest) - 1u);
+  for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+    const float* q = q_rows + r0 * head_dim;
+    float* out = scores + r0;
+    if (chunks <= 4) {  // head_dim <= 64: the rows in registers
+      const int c = static_cast<int>(chunks);
+      const auto seq = std::make_integer_sequence<int, 4>{};
+      switch (std::min<int64_t>(4, rows - r0)) {
+        case 1: scores_held_rows_dispatch<1>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        case 2: scores_held_rows_dispatch<2>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        case 3: scores_held_rows_dispatch<3>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        default: scores_held_rows_dispatch<4>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+      }
+      continue;
+    }
+    for (int64_t s = 0; s < keys; ++s) {
+      const float* key = k + s * k_stride;
+      __m512 acc[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < chunks; ++j) {
+        const __mmask16 mask = j + 1 < chunks ? __mmask16(0xFFFF) : last;
+        const __m512 kv = _mm512_maskz_loadu_ps(mask, key + 16 * j);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i)
+          acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q + i * head_dim + 16 * j), kv, acc[i]);
+      }
+      _mm_storeu_ps(out + s * kRows, simd::reduce_add4(acc[0], acc[1], acc[2], acc[3]));
+    }
   }
 }
 
@@ -253,12 +314,15 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
   }
 }
 
-// AVX2 forms (16 ymm registers), with the same operations per lane as the AVX-512 ones: the
-// scores are the same FMA chains, the softmax the same exp, the value sums the same FMA chains
-// in key order, so both instruction sets give the same results.
+// AVX2 forms (16 ymm registers): the softmax the same exp and the value sums the same FMA
+// chains in key order as the AVX-512 ones; the scores are summed in another order (below).
 
-// scores_avx512 with the kRows rows in RV vectors of 8 lanes (RV = 1 when at most 8 rows are
-// real: lanes of the other vector are never read, the caller masks them).
+// scores[key, r] = sum_d q_t[d, r] * k[key, d], one FMA chain per (key, r) in d order (q_t:
+// the kRows query rows transposed, [D][kRows]), the rows in RV vectors of 8 lanes (RV = 1 when
+// at most 8 rows are real: lanes of the other vector are never read, the caller masks them).
+// AVX-512 sums the scores by key instead (scores_by_key_avx512), so the two paths' scores
+// differ by rounding; taken by key here, with 16 registers, tasks of many rows (verifying 8
+// tokens) were 8-17% slower (bench.attention_prefix).
 template <int RV>
 SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k_stride,
                                      int64_t keys, int64_t head_dim, float* scores) {
@@ -390,17 +454,19 @@ const float* float_rows(const scalar_t* rows, int64_t row_stride, int64_t keys, 
   }
 }
 
-// The vector code's scores of 16 query rows (transposed into q_t first), for `rows` real
-// rows; a no-op without x86 vector code.
+// The vector code's scores of `rows` real query rows (AVX2: transposed into q_t first); a no-op
+// without x86 vector code.
 inline void score_rows_vector(bool avx512, const float* q_rows, float* q_t, int64_t head_dim,
                               const float* k, int64_t k_stride, int64_t keys, int64_t rows,
                               float* scores) {
 #if SPECDEC_X86
+  if (avx512) {
+    scores_by_key_avx512(q_rows, head_dim, k, k_stride, keys, rows, scores);
+    return;
+  }
   for (int64_t r = 0; r < kRows; ++r)
     for (int64_t d = 0; d < head_dim; ++d) q_t[d * kRows + r] = q_rows[r * head_dim + d];
-  if (avx512) {
-    scores_avx512(q_t, k, k_stride, keys, head_dim, scores);
-  } else if (rows <= 8) {
+  if (rows <= 8) {
     scores_avx2<1>(q_t, k, k_stride, keys, head_dim, scores);
   } else {
     scores_avx2<2>(q_t, k, k_stride, keys, head_dim, scores);
