@@ -2,8 +2,9 @@
 //
 // CPU kernels register themselves in csrc/*.cpp, CUDA kernels in csrc/cuda/*.cu, fake (meta)
 // kernels in specdec_kernels/ops/. Mutating ops end in `_`, mark what they write with
-// `Tensor(a!)` and return nothing; outputs have fixed shapes (-1 padded) so every op is
-// CUDA-graph safe and its fake kernel is trivial.
+// `Tensor(a!)` and return nothing (except decoder_stack_, a composite of the other ops that
+// writes the KV cache on the way to its outputs); outputs have fixed shapes (-1 padded) so every
+// op is CUDA-graph safe and its fake kernel is trivial.
 
 #include <Python.h>
 #include <torch/library.h>
@@ -143,6 +144,25 @@ TORCH_LIBRARY(specdec, m) {
   // the two halves of one joined projection are fine; SiLU as torch computes it on a
   // contiguous gate). out [..., I] contiguous.
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
+  // The decoder layers of a Llama-family model over one block, in one call: per layer the
+  // q/k/v linears (joined or not), the rotary embedding of q and k, their K/V written to the
+  // layer's cache rows, tree attention, the o linear, add_rms_norm, gate/up (joined or not),
+  // silu_mul, down, add_rms_norm: the ops above, in that order (the direct forward's loop,
+  // models/direct_forward.py, bit for bit). hidden [B, T, H] (embeddings); cos, sin [B, T, D];
+  // kv_cache [>= L, 2, B, Hkv, S, D] (KVCache.buffer), the block's K/V written at rows
+  // write_start .. write_start + T - 1, or at write_index [B, T] int64 where given, and
+  // attention over rows < kv_len with cache_lens and tree_mask as tree_attention's; norms
+  // [2L + 1]: the first layer's input norm, then per layer its post-attention norm and the
+  // norm after it (the next layer's input norm, the final norm after the last layer);
+  // linears [28 L]: per layer q, k, v, o, gate, up, down, each (weight, scales, mins, bias):
+  // scales given -> quantized_linear, else small_batch_linear; k, v absent: q holds q/k/v
+  // joined; up absent: gate holds gate/up joined. Returns the final norm's output [B, T, H]
+  // and the hidden states after each layer in capture.
+  m.def(
+      "decoder_stack_(Tensor hidden, Tensor cos, Tensor sin, Tensor(a!) kv_cache, int write_start, "
+      "Tensor? write_index, int kv_len, Tensor cache_lens, Tensor tree_mask, Tensor[] norms, "
+      "Tensor?[] linears, int num_heads, int num_kv_heads, float scale, float eps, "
+      "int[] capture) -> (Tensor, Tensor[])");
 
   // Rows of a lookahead window, to follow a verification tree of tree_nodes nodes in one block
   // (block columns: the tree's nodes, then num_rows window rows). Request b's window has

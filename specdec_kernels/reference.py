@@ -635,3 +635,56 @@ def rotary_embedding(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     """Reference of :func:`specdec_kernels.ops.silu_mul`: ``silu(gate) * up``."""
     return torch.nn.functional.silu(gate) * up
+
+
+def decoder_stack_(
+    hidden: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, write_start: int,
+    write_index: Tensor | None, kv_len: int, cache_lens: Tensor, tree_mask: Tensor,
+    norms: list, linears: list, num_heads: int, num_kv_heads: int, scale: float, eps: float,
+    capture=(),
+) -> tuple[Tensor, list]:
+    """Reference of :func:`specdec_kernels.ops.decoder_stack_`: the layer loop over this
+    module's references of the inner ops (the linears in float64, so compare with a tolerance;
+    the op's bits are those of the direct forward's own loop, tested there)."""
+    batch, width, _ = hidden.shape
+    head_dim = kv_cache.shape[-1]
+    per_layer = 28
+
+    def linear(x, parts):
+        weight, scales, mins, bias = parts
+        if scales is None:
+            return small_batch_linear(x, weight, bias)
+        return quantized_linear(x, weight, scales, mins, bias)
+
+    def heads(y):
+        return y.reshape(batch, width, -1, head_dim)
+
+    captured = [None] * len(capture)
+    x = rms_norm(hidden, norms[0], eps)
+    for layer in range(len(linears) // per_layer):
+        base = layer * per_layer
+        slots = [linears[base + 4 * i : base + 4 * i + 4] for i in range(7)]
+        if slots[1][0] is None:  # q, k, v joined
+            sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+            q, k, v = (heads(y) for y in linear(x, slots[0]).split(sizes, -1))
+        else:
+            q, k, v = (heads(linear(x, slots[i])) for i in range(3))
+        q, k = rotary_embedding(q, cos, sin), rotary_embedding(k, cos, sin)
+        for part, states in ((0, k), (1, v)):
+            cache = kv_cache[layer, part]  # [B, Hkv, S, D]
+            for b in range(batch):
+                rows = (torch.arange(width) + write_start if write_index is None
+                        else write_index[b].cpu())
+                cache[b][:, rows.to(cache.device)] = states[b].transpose(0, 1)
+        keys, values = kv_cache[layer, 0, :, :, :kv_len], kv_cache[layer, 1, :, :, :kv_len]
+        out = tree_attention(q, keys, values, cache_lens, tree_mask, scale)
+        hidden, x = add_rms_norm(linear(out.reshape(batch, width, -1), slots[3]), hidden,
+                                 norms[1 + 2 * layer], eps)
+        if slots[5][0] is None:  # gate and up joined
+            gate, up = linear(x, slots[4]).chunk(2, -1)
+        else:
+            gate, up = linear(x, slots[4]), linear(x, slots[5])
+        hidden, x = add_rms_norm(linear(silu_mul(gate, up), slots[6]), hidden,
+                                 norms[2 + 2 * layer], eps)
+        captured = [hidden if point == layer else c for point, c in zip(capture, captured)]
+    return x, captured

@@ -120,6 +120,18 @@ class KVCache(Cache):
             rows = torch.tensor(starts, dtype=torch.int64).unsqueeze(1) + torch.arange(width)
             self._write_index = rows.to(self.device, non_blocking=True)
 
+    def planned_block(self) -> dict:
+        """Where the forward declared by :meth:`plan_write` writes its rows, as
+        :func:`~specdec_kernels.ops.decoder_stack_` takes it: ``kv_cache`` (the buffer, which
+        must exist: a first forward goes through :meth:`write`), ``write_start`` and
+        ``write_index`` (None when every request's block starts at ``write_start``, else the
+        ``[B, T]`` rows) and ``kv_len``."""
+        if self.buffer is None:
+            raise ValueError("planned_block: the cache has no buffer before its first write")
+        start = 0 if self._start is None else self._start
+        return dict(kv_cache=self.buffer, write_start=start, write_index=self._write_index,
+                    kv_len=self.kv_len)
+
     def _allocate(self, key_states: Tensor) -> None:
         batch, heads, _, head_dim = key_states.shape
         if batch != self.batch:

@@ -180,7 +180,10 @@ class ModelRunner:
         (:class:`~specdec_kernels.models.direct_forward.DirectForward`: the same ops as its
         modules, bit for bit, without their Python machinery) instead of calling the model.
         Default (None): wherever the model is supported (:attr:`direct_reason` says why not);
-        False: always the model's own forward.
+        False: always the model's own forward. Blocks whose linears all take the package's
+        kernels run every layer in one :func:`~specdec_kernels.ops.decoder_stack_` call
+        (:meth:`DirectForward.stacked
+        <specdec_kernels.models.direct_forward.DirectForward.stacked>`, the same bits).
     """
 
     def __init__(self, model, *, cpu_kernels: bool | None = None,
@@ -413,11 +416,21 @@ class ModelRunner:
 
         max_rows = None if gemm_rows is None else gemm_rows - 1
         points = spec.resolve(self.num_layers) if spec else ()
-        logits, outputs = direct(
-            kwargs["input_ids"], kwargs["position_ids"], attend,
-            linear=functools.partial(kernel_linear, max_rows=max_rows),
-            stop_before=exit_layer, capture=points, last_only=last_logits_only,
-        )
+        linear = functools.partial(kernel_linear, max_rows=max_rows)
+        tokens = kwargs["input_ids"]
+        # Every layer in one op where all the block's linears take the package's kernels.
+        if cache.buffer is not None and (max_rows is None or tokens.numel() <= max_rows):
+            block = dict(cache.planned_block(), cache_lens=meta.cache_lens,
+                         tree_mask=meta.packed_mask)
+            result = direct.stacked(tokens, kwargs["position_ids"], block, head_linear=linear,
+                                    stop_before=exit_layer, capture=points,
+                                    last_only=last_logits_only)
+            if result is not None:
+                logits, outputs = result
+                return (logits, _joined(points, outputs)) if spec else logits
+        logits, outputs = direct(tokens, kwargs["position_ids"], attend, linear=linear,
+                                 stop_before=exit_layer, capture=points,
+                                 last_only=last_logits_only)
         if spec:
             return logits, _joined(points, outputs)
         return logits

@@ -18,6 +18,11 @@ third less than the model's forward (``python3 -m bench.direct_forward``). The m
 modified; its modules are found once and their parameters read on every call, so a replaced
 weight is seen.
 
+The Python between those ops still cost as much as the quantized linears (2026-11-26, seventh
+session: 4.6 ms of a 13.2 ms step on a 2-core Xeon). :meth:`DirectForward.stacked` runs all
+layers in one :func:`specdec_kernels.ops.decoder_stack_` call on the package's KV cache: the
+loop below, op for op, called from C++ (the same bits; tested against :meth:`__call__`).
+
 What the caller supplies: a ``linear(x, weight, bias)`` (the package's CPU kernels, or
 ``F.linear``) and an ``attend(layer, q, k, v)`` that stores the block's K/V in its cache and
 returns the attention output. Any architecture this module does not recognise is left to the
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec_kernels import ops
-from specdec_kernels.models.quantized_weight import joined_rows
+from specdec_kernels.models.quantized_weight import QuantizedWeight, joined_rows
 
 __all__ = ["DirectForward", "unsupported_reason"]
 
@@ -142,6 +147,20 @@ def _linear_parts(module: torch.nn.Linear) -> tuple:
     return _weight(module), module._parameters.get("bias")
 
 
+def _stack_entry(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> list | None:
+    """``[weight, scales, mins, bias]`` of one linear for
+    :func:`~specdec_kernels.ops.decoder_stack_`: a weight at a file's precision as the
+    quantized kernel's operands, a float one where the package's linear takes it (as
+    :func:`~specdec_kernels.decoding.cpu_matmul.kernel_linear` decides), else None."""
+    from specdec_kernels.decoding.cpu_matmul import supports
+
+    bias = None if bias is None else bias.detach()
+    if isinstance(weight, QuantizedWeight):
+        return [weight.qweight, weight.scales, weight.mins, bias]
+    probe = torch.empty(1, weight.shape[-1], dtype=dtype)
+    return [weight.detach(), None, None, bias] if supports(probe, weight, bias) else None
+
+
 class _Group:
     """Linears that read one input (a layer's q/k/v, gate/up). Where their weights are row
     blocks of one storage (:func:`~specdec_kernels.models.quantized_weight.lay_out_together`)
@@ -185,7 +204,8 @@ class _Layer:
     """One decoder layer's modules, found once (their parameters are read on every call)."""
 
     __slots__ = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down",
-                 "q_norm", "k_norm", "head_dim", "scaling", "act", "silu")
+                 "q_norm", "k_norm", "head_dim", "scaling", "act", "silu", "_stack_key",
+                 "_stack")
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
@@ -197,12 +217,48 @@ class _Layer:
         self.act = getattr(mlp.act_fn, "forward", mlp.act_fn)  # no hooks on an activation
         # transformers' SiLUActivation (ACT2FN["silu"]) or torch's SiLU.
         self.silu = type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU")
+        self._stack_key, self._stack = None, None
 
     def gated(self, gate: Tensor, up: Tensor) -> Tensor:
         """``act(gate) * up``: :func:`specdec_kernels.ops.silu_mul` for SiLU (one op)."""
         if self.silu and gate.dtype == up.dtype:
             return ops.silu_mul(gate, up)
         return self.act(gate) * up
+
+    def stack_linears(self, dtype: torch.dtype) -> list | None:
+        """This layer's :data:`~specdec_kernels.ops.decoder_layer.STACK_SLOTS_PER_LAYER`
+        entries of :func:`~specdec_kernels.ops.decoder_stack_`'s ``linears`` for activations
+        of ``dtype``, or None where the op would not run the layer as the Python loop does
+        (Qwen3's per-head norms, an activation other than SiLU, a float weight the
+        small-batch kernel does not take). Rebuilt when a weight is replaced."""
+        modules = self.qkv.modules + (self.o,) + self.gate_up.modules + (self.down,)
+        parts = [_linear_parts(m) for m in modules]
+        key = (dtype,) + tuple(p for pair in parts for p in pair)
+        if self._stack_key is None or len(key) != len(self._stack_key) or any(
+                a is not b for a, b in zip(key, self._stack_key)):
+            self._stack_key, self._stack = key, self._build_stack(parts, dtype)
+        return self._stack
+
+    def _build_stack(self, parts: list, dtype: torch.dtype) -> list | None:
+        if self.q_norm is not None or not self.silu:
+            return None
+        groups = [(self.qkv, parts[:3], 3), (None, parts[3:4], 1),
+                  (self.gate_up, parts[4:6], 2), (None, parts[6:7], 1)]
+        linears = []
+        for group, members, width in groups:
+            weights, biases = [w for w, _ in members], [b for _, b in members]
+            joined = joined_rows(weights) if width > 1 else None
+            if joined is not None and all(b is not None for b in biases):
+                members = [(joined, torch.cat([b.detach() for b in biases]))]
+            elif joined is not None and all(b is None for b in biases):
+                members = [(joined, None)]
+            for weight, bias in members:
+                entry = _stack_entry(weight, bias, dtype)
+                if entry is None:
+                    return None
+                linears += entry
+            linears += [None] * 4 * (width - len(members))
+        return linears
 
 
 class DirectForward:
@@ -237,6 +293,94 @@ class DirectForward:
         self._modules = list(model.modules())
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
+
+    def stack_arguments(self, dtype: torch.dtype, layers: int) -> tuple | None:
+        """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
+        :func:`~specdec_kernels.ops.decoder_stack_` with activations of ``dtype``, or None where
+        the op would not reproduce this forward's loop (see :meth:`_Layer.stack_linears`; norm
+        weights of another dtype, norms or attention scales that differ between layers).
+        Weights are read on every call (a replaced weight is seen)."""
+        chosen = self.layers[:layers]
+        norm_modules = [chosen[0].input_norm if chosen else self.decoder.norm]
+        for index, layer in enumerate(chosen):
+            after = chosen[index + 1].input_norm if index + 1 < len(chosen) else self.decoder.norm
+            norm_modules += [layer.post_norm, after]
+        norms = [_weight(n) for n in norm_modules]
+        eps = {n.variance_epsilon for n in norm_modules}
+        scales = {layer.scaling for layer in chosen}
+        heads = {layer.head_dim for layer in chosen}
+        if (len(eps) != 1 or len(scales) > 1 or len(heads) > 1
+                or any(w.dtype != dtype for w in norms)):
+            return None
+        linears = []
+        for layer in chosen:
+            entries = layer.stack_linears(dtype)
+            if entries is None:
+                return None
+            linears += entries
+        return norms, linears, eps.pop(), scales.pop() if scales else 1.0
+
+    def stacked(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache: dict,
+        *,
+        head_linear: Callable = F.linear,
+        stop_before: int | None = None,
+        capture: tuple = (),
+        last_only: bool = False,
+    ) -> tuple[Tensor, dict] | None:
+        """:meth:`__call__` with the layers in one :func:`~specdec_kernels.ops.decoder_stack_`
+        call (the same ops, so the same bits) and the attention on the package's KV cache, or
+        None where the op does not reproduce the loop (:meth:`stack_arguments`). Every linear
+        runs the package's kernels: the caller takes this path only for blocks whose rows they
+        would all take.
+
+        Parameters
+        ----------
+        input_ids, position_ids : Tensor
+            As :meth:`__call__`.
+        cache : dict
+            Where the block's K/V go and what it attends to: ``kv_cache``, ``write_start``,
+            ``write_index``, ``kv_len``, ``cache_lens``, ``tree_mask`` as the op takes them.
+        head_linear : callable
+            ``linear(x, weight, bias)`` for the LM head.
+        stop_before, capture, last_only
+            As :meth:`__call__` (capture points are decoder-layer indices and
+            ``"final_norm"``).
+
+        Returns
+        -------
+        tuple or None
+            ``(logits, captured)`` as :meth:`__call__`.
+        """
+        batch, width = input_ids.shape
+        hidden = self.decoder.embed_tokens(input_ids)
+        layers = self.num_layers if stop_before is None else min(stop_before, self.num_layers)
+        arguments = self.stack_arguments(hidden.dtype, layers)
+        if arguments is None:
+            return None
+        norms, linears, eps, scale = arguments
+        cos, sin = self.decoder.rotary_emb(hidden, position_ids=position_ids)  # [B, T, D]
+        if cos.dtype != hidden.dtype:
+            return None
+        points = [p for p in capture if p != "final_norm" and p < layers]
+        config = self.config
+        heads = config.num_attention_heads
+        x, outputs = ops.decoder_stack_(
+            hidden, cos, sin, cache["kv_cache"], cache["write_start"], cache["write_index"],
+            cache["kv_len"], cache["cache_lens"], cache["tree_mask"], norms, linears, heads,
+            getattr(config, "num_key_value_heads", None) or heads, scale, eps, capture=points,
+        )
+        captured = dict(zip(points, outputs))
+        if stop_before is not None and last_only:
+            x = x[:, -1:]
+        if "final_norm" in capture:
+            captured["final_norm"] = x
+        if last_only and stop_before is None:
+            x = x[:, -1:]
+        return head_linear(x, *_linear_parts(self.head)), captured
 
     def hooked(self) -> bool:
         """Whether forward hooks are registered on the model's modules (or globally): the

@@ -12,7 +12,8 @@ its CUDA launcher in ``csrc/cuda/<family>.cu``, every schema in ``csrc/registrat
 :mod:`.linear`               ``small_batch_linear``
 :mod:`.quantized_linear`     ``quantized_linear`` (weights at a GGUF file's precision)
 :mod:`.decoder_layer`        ``rms_norm``, ``add_rms_norm``, ``rotary_embedding``, ``silu_mul``
-                             (the small ops between a decoder layer's linears)
+                             (the small ops between a decoder layer's linears) and
+                             ``decoder_stack_`` (a model's layers over a block, one call)
 :mod:`.build`                ``cpu_isa``, ``build_info``, ``has_cuda_kernels``
 ==========================  ==============================================================
 
@@ -25,7 +26,13 @@ below.
 """
 
 from specdec_kernels.ops.build import cpu_isa
-from specdec_kernels.ops.decoder_layer import add_rms_norm, rms_norm, rotary_embedding, silu_mul
+from specdec_kernels.ops.decoder_layer import (
+    add_rms_norm,
+    decoder_stack_,
+    rms_norm,
+    rotary_embedding,
+    silu_mul,
+)
 from specdec_kernels.ops.kv_cache import (
     compact_kv_cache_,
     compact_paged_kv_cache_,
@@ -59,6 +66,7 @@ __all__ = [
     "compact_kv_cache_",
     "compact_paged_kv_cache_",
     "cpu_isa",
+    "decoder_stack_",
     "deferred_errors",
     "quantized_linear",
     "raise_deferred_errors",

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["add_rms_norm", "rms_norm", "rotary_embedding", "silu_mul"]
+__all__ = ["STACK_LINEARS", "STACK_SLOTS_PER_LAYER", "add_rms_norm", "decoder_stack_", "rms_norm",
+           "rotary_embedding", "silu_mul"]
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -191,3 +192,122 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
 def _silu_mul_fake(gate, up):
     torch._check(up.shape == gate.shape, lambda: "up must have gate's shape")
     return gate.new_empty(gate.shape)
+
+
+#: Entries of one layer in :func:`decoder_stack_`'s ``linears``: 7 linears (q, k, v, o, gate,
+#: up, down) of 4 parts each (weight, scales, mins, bias).
+STACK_LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+STACK_SLOTS_PER_LAYER = 4 * len(STACK_LINEARS)
+
+
+def decoder_stack_(
+    hidden: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    kv_cache: Tensor,
+    write_start: int,
+    write_index: Tensor | None,
+    kv_len: int,
+    cache_lens: Tensor,
+    tree_mask: Tensor,
+    norms: list,
+    linears: list,
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    eps: float,
+    capture=(),
+) -> tuple[Tensor, list]:
+    """A Llama-family model's decoder layers over one block, in one call: each layer's linears,
+    rotary embedding, K/V cache write, tree attention, norms and SiLU gate, as
+    :class:`~specdec_kernels.models.direct_forward.DirectForward` runs them from Python, op for
+    op (the same ops on the same operands in the same order: bit-identical, batch-invariant).
+
+    At batch 1 on a CPU the Python between a step's ~360 ops cost as much as its linears; this
+    composite calls them from C++. Per layer ``l`` (``L`` layers)::
+
+        q, k, v = linear(x, q/k/v); q, k = rotary(q), rotary(k)      # joined or separate
+        kv_cache[l, 0 | 1, :, :, rows] = k | v                         # the block's rows
+        out = tree_attention(q, kv_cache[l, 0, ..., :kv_len, :], ...)  # and values
+        hidden, x = add_rms_norm(linear(out, o), hidden, norms[1 + 2 l])
+        hidden, x = add_rms_norm(linear(silu_mul(gate(x), up(x)), down), hidden, norms[2 + 2 l])
+
+    Parameters
+    ----------
+    hidden : Tensor
+        ``[B, T, H]`` the block's embeddings (float32 or bfloat16).
+    cos, sin : Tensor
+        ``[B, T, D]`` the model's rotary embedding of the block's positions, ``hidden``'s dtype.
+    kv_cache : Tensor
+        ``[>= L, 2, B, Hkv, S, D]`` (:attr:`KVCache.buffer
+        <specdec_kernels.decoding.cache.KVCache.buffer>`): layer ``l``'s keys and values. The
+        block's K/V are written (in place) at rows ``write_start .. write_start + T - 1`` of
+        every request, or at ``write_index``.
+    write_start : int
+        First row of the block (every request), when ``write_index`` is None.
+    write_index : Tensor, optional
+        ``[B, T]`` int64: the row of each block token (ragged batches).
+    kv_len : int
+        Rows attended: ``kv_cache[..., :kv_len, :]`` (``T <= kv_len <= S``).
+    cache_lens, tree_mask : Tensor
+        As :func:`~specdec_kernels.ops.tree_attention`'s: ``[B]`` prefix rows, ``[B, T,
+        ceil(T / 32)]`` int32 packed mask.
+    norms : list of Tensor
+        ``2 L + 1`` RMSNorm weights ``[H]``: layer 0's input norm, then per layer its
+        post-attention norm and the norm after it (the next layer's input norm; the final norm
+        after the last layer).
+    linears : list of Tensor or None
+        ``28 L`` entries (:data:`STACK_SLOTS_PER_LAYER` a layer): per layer the linears q, k, v,
+        o, gate, up, down (:data:`STACK_LINEARS`), each as ``weight, scales, mins, bias``. With
+        ``scales`` the linear is :func:`~specdec_kernels.ops.quantized_linear` (``weight`` its
+        ``qweight``), without it :func:`~specdec_kernels.ops.small_batch_linear`. ``k`` and
+        ``v`` absent (all four None): ``q``'s weight holds q, k and v row blocks (one call);
+        ``up`` absent: ``gate``'s holds gate and up.
+    num_heads, num_kv_heads : int
+        Query and KV heads (``Hq``, ``Hkv``); the head dim ``D`` is ``kv_cache``'s last.
+    scale : float
+        Softmax scale of the attention.
+    eps : float
+        The norms' epsilon.
+    capture : sequence of int
+        Layers whose output hidden state to return.
+
+    Returns
+    -------
+    normed : Tensor
+        ``[B, T, H]``: the last norm's output (the LM head's input).
+    captured : list of Tensor
+        ``[B, T, H]`` hidden state after each layer of ``capture``, in its order.
+
+    Raises
+    ------
+    ValueError
+        Lists of the wrong length, a missing weight, a cache, index or ``kv_len`` that does not
+        fit the block, a capture point outside the layers, and whatever the inner ops raise.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from specdec_kernels import ops
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> B, T, H, D, Hq, Hkv, S = 1, 2, 16, 8, 2, 1, 10
+    >>> w = lambda n, k: torch.randn(n, k, generator=gen) / k**0.5
+    >>> linears = [w(Hq * D, H), None, None, None, w(Hkv * D, H), None, None, None,
+    ...            w(Hkv * D, H), None, None, None, w(H, Hq * D), None, None, None,
+    ...            w(32, H), None, None, None, w(32, H), None, None, None,
+    ...            w(H, 32), None, None, None]
+    >>> cache = torch.zeros(1, 2, B, Hkv, S, D)
+    >>> tree = ops.build_tree_masks(torch.tensor([[-1, 0]]), torch.tensor([3]))
+    >>> angle = torch.arange(3.0, 5.0)[:, None] * torch.ones(D)
+    >>> x, captured = ops.decoder_stack_(
+    ...     torch.randn(B, T, H, generator=gen), angle.cos()[None], angle.sin()[None], cache,
+    ...     3, None, 5, torch.tensor([3]), tree.packed_mask, [torch.ones(H)] * 3, linears,
+    ...     Hq, Hkv, D**-0.5, 1e-6, capture=[0])
+    >>> x.shape, len(captured), bool(cache[0, :, 0, :, 3:5].abs().sum() > 0)
+    (torch.Size([1, 2, 16]), 1, True)
+    """
+    return torch.ops.specdec.decoder_stack_(
+        hidden, cos, sin, kv_cache, int(write_start), write_index, int(kv_len), cache_lens,
+        tree_mask, list(norms), list(linears), int(num_heads), int(num_kv_heads), float(scale),
+        float(eps), [int(c) for c in capture],
+    )

@@ -1,0 +1,235 @@
+// The decoder layers of a Llama-family model over one block, in one call (schema and semantics:
+// registration.cpp): the body of models/direct_forward.py's layer loop, op for op, with the
+// package's cache and kernels.
+//
+// At batch 1 on a CPU a decoding step of the default model ran ~360 ops from Python, and the
+// Python between them cost as much as the quantized linears (bench.step_breakdown, 2026-11-26
+// seventh session: 4.6 ms of a 13.2 ms step on a 2-core Xeon). Here the same ops are called
+// through the dispatcher from C++, in the same order with the same operands, so the result is
+// the Python loop's bits (tested) and stays batch-invariant. Registered as a composite: each
+// device runs its own kernels of the ops, and fake tensors decompose.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace specdec {
+namespace {
+
+using OptionalTensor = std::optional<at::Tensor>;
+
+// Slots of one layer in `linears`: each linear is (weight, scales, mins, bias); q/k/v and
+// gate/up are one joined linear in the first slot of their group (the others absent) or
+// separate linears.
+constexpr int64_t kPartsPerLinear = 4;
+constexpr int64_t kQ = 0, kK = 1, kV = 2, kO = 3, kGate = 4, kUp = 5, kDown = 6;
+constexpr int64_t kLinearsPerLayer = 7;
+constexpr int64_t kSlotsPerLayer = kLinearsPerLayer * kPartsPerLinear;
+
+struct Linear {
+  at::Tensor weight, scales, mins, bias;  // scales undefined: a float weight
+  bool defined() const { return weight.defined(); }
+};
+
+at::Tensor quantized_linear(const at::Tensor& x, const Linear& l) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::quantized_linear", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const OptionalTensor&, const OptionalTensor&)>();
+  return op.call(x, l.weight, l.scales, l.mins.defined() ? OptionalTensor(l.mins) : std::nullopt,
+                 l.bias.defined() ? OptionalTensor(l.bias) : std::nullopt);
+}
+
+at::Tensor float_linear(const at::Tensor& x, const Linear& l) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::small_batch_linear", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                         const OptionalTensor&)>();
+  return op.call(x, l.weight, l.bias.defined() ? OptionalTensor(l.bias) : std::nullopt);
+}
+
+at::Tensor apply(const Linear& l, const at::Tensor& x) {
+  return l.scales.defined() ? quantized_linear(x, l) : float_linear(x, l);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::rms_norm", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(x, weight, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                const at::Tensor& weight, double eps) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::add_rms_norm", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(x, residual, weight, eps);
+}
+
+at::Tensor rotary_embedding(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::rotary_embedding", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&)>();
+  return op.call(x, cos, sin);
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::silu_mul", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(gate, up);
+}
+
+at::Tensor tree_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                          const at::Tensor& cache_lens, const at::Tensor& tree_mask,
+                          double scale) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("specdec::tree_attention", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(q, keys, values, cache_lens, tree_mask, scale);
+}
+
+Linear linear_at(const c10::List<OptionalTensor>& linears, int64_t layer, int64_t slot) {
+  const int64_t base = (layer * kLinearsPerLayer + slot) * kPartsPerLinear;
+  auto part = [&](int64_t i) {
+    const OptionalTensor t = linears.get(base + i);
+    return t.has_value() ? *t : at::Tensor();
+  };
+  return Linear{part(0), part(1), part(2), part(3)};
+}
+
+void check_layer(const std::vector<Linear>& l, int64_t layer) {
+  for (int64_t slot : {kQ, kO, kGate, kDown})
+    TORCH_CHECK_VALUE(l[slot].defined(), "decoder_stack_: layer ", layer, "'s linear slot ", slot,
+                      " (q or joined qkv, o, gate or joined gate/up, down) has no weight");
+  TORCH_CHECK_VALUE(l[kK].defined() == l[kV].defined(), "decoder_stack_: layer ", layer,
+                    " has a k weight without a v weight (or v without k): give both, or "
+                    "neither with q/k/v joined in the q slot");
+  for (int64_t slot = 0; slot < kLinearsPerLayer; ++slot) {
+    const Linear& lin = l[slot];
+    TORCH_CHECK_VALUE(lin.defined() || (!lin.scales.defined() && !lin.mins.defined() &&
+                                        !lin.bias.defined()),
+                      "decoder_stack_: layer ", layer, "'s linear slot ", slot,
+                      " has scales, mins or a bias but no weight");
+    TORCH_CHECK_VALUE(!lin.mins.defined() || lin.scales.defined(), "decoder_stack_: layer ",
+                      layer, "'s linear slot ", slot, " has mins without scales");
+  }
+}
+
+// Stores the block's K or V [B, T, Hkv, D] at its rows of the layer's cache [B, Hkv, S, D]
+// (as KVCache.write: one row range, or each request's rows by index).
+void write_rows(at::Tensor cache, const at::Tensor& states, int64_t start,
+                const OptionalTensor& rows) {
+  const at::Tensor block = states.transpose(1, 2);  // [B, Hkv, T, D]
+  if (!rows.has_value()) {
+    cache.narrow(2, start, block.size(2)).copy_(block);
+    return;
+  }
+  const int64_t B = block.size(0), T = block.size(2);
+  cache.scatter_(2, rows->view({B, 1, T, 1}).expand_as(block), block);
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
+    const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& kv_cache, int64_t write_start, const OptionalTensor& write_index,
+    int64_t kv_len, const at::Tensor& cache_lens, const at::Tensor& tree_mask,
+    at::TensorList norms, const c10::List<OptionalTensor>& linears, int64_t num_heads,
+    int64_t num_kv_heads, double scale, double eps, at::IntArrayRef capture) {
+  TORCH_CHECK_VALUE(hidden.dim() == 3, "decoder_stack_: hidden must be [B, T, H], got ",
+                    hidden.sizes());
+  const int64_t B = hidden.size(0), T = hidden.size(1);
+  TORCH_CHECK_VALUE(linears.size() % kSlotsPerLayer == 0, "decoder_stack_: linears must hold ",
+                    kSlotsPerLayer, " entries a layer (7 linears of weight, scales, mins, bias), "
+                    "got ", linears.size());
+  const int64_t L = static_cast<int64_t>(linears.size()) / kSlotsPerLayer;
+  TORCH_CHECK_VALUE(static_cast<int64_t>(norms.size()) == 2 * L + 1, "decoder_stack_: norms must "
+                    "hold 2L + 1 = ", 2 * L + 1, " weights for L = ", L, " layers, got ",
+                    norms.size());
+  TORCH_CHECK_VALUE(kv_cache.dim() == 6 && kv_cache.size(0) >= L && kv_cache.size(1) == 2 &&
+                        kv_cache.size(2) == B && kv_cache.size(3) == num_kv_heads,
+                    "decoder_stack_: kv_cache must be [>= L, 2, B, Hkv, S, D] = [>= ", L, ", 2, ",
+                    B, ", ", num_kv_heads, ", S, D], got ", kv_cache.sizes());
+  TORCH_CHECK_VALUE(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+                    "decoder_stack_: num_heads (", num_heads, ") must be a multiple of "
+                    "num_kv_heads (", num_kv_heads, ")");
+  const int64_t S = kv_cache.size(4), D = kv_cache.size(5);
+  TORCH_CHECK_VALUE(kv_len >= T && kv_len <= S, "decoder_stack_: kv_len (", kv_len,
+                    ") must be in [T, S] = [", T, ", ", S, "]");
+  if (write_index.has_value()) {
+    TORCH_CHECK_VALUE(write_index->dim() == 2 && write_index->size(0) == B &&
+                          write_index->size(1) == T && write_index->scalar_type() == at::kLong,
+                      "decoder_stack_: write_index must be int64 [B, T] = [", B, ", ", T,
+                      "], got ", write_index->scalar_type(), " ", write_index->sizes());
+  } else {
+    TORCH_CHECK_VALUE(write_start >= 0 && write_start + T <= kv_len, "decoder_stack_: rows ",
+                      write_start, " .. ", write_start + T, " of the block do not fit in kv_len ",
+                      kv_len);
+  }
+  for (int64_t point : capture)
+    TORCH_CHECK_VALUE(point >= 0 && point < L, "decoder_stack_: capture point ", point,
+                      " is not a layer in [0, ", L, ")");
+
+  const int64_t nq = num_heads * D, nkv = num_kv_heads * D;
+  std::vector<at::Tensor> captured(capture.size());  // in capture's order
+  at::Tensor h = hidden;
+  at::Tensor x = rms_norm(hidden, norms[0], eps);
+  for (int64_t layer = 0; layer < L; ++layer) {
+    std::vector<Linear> lin;
+    for (int64_t slot = 0; slot < kLinearsPerLayer; ++slot)
+      lin.push_back(linear_at(linears, layer, slot));
+    check_layer(lin, layer);
+    at::Tensor q, k, v;
+    if (!lin[kK].defined()) {  // q, k, v joined: one rotary pass over q and k side by side
+      const at::Tensor joined = apply(lin[kQ], x);
+      TORCH_CHECK_VALUE(joined.size(-1) == nq + 2 * nkv, "decoder_stack_: layer ", layer,
+                        "'s joined q/k/v has ", joined.size(-1), " columns, not (Hq + 2 Hkv) D = ",
+                        nq + 2 * nkv);
+      const at::Tensor qk = rotary_embedding(joined.narrow(-1, 0, nq + nkv).view({B, T, -1, D}),
+                                             cos, sin);
+      q = qk.narrow(2, 0, num_heads);
+      k = qk.narrow(2, num_heads, num_kv_heads);
+      v = joined.narrow(-1, nq + nkv, nkv).view({B, T, -1, D});
+    } else {
+      q = rotary_embedding(apply(lin[kQ], x).view({B, T, -1, D}), cos, sin);
+      k = rotary_embedding(apply(lin[kK], x).view({B, T, -1, D}), cos, sin);
+      v = apply(lin[kV], x).view({B, T, -1, D});
+    }
+    const at::Tensor keys = kv_cache.select(0, layer).select(0, 0);
+    const at::Tensor values = kv_cache.select(0, layer).select(0, 1);
+    write_rows(keys, k, write_start, write_index);
+    write_rows(values, v, write_start, write_index);
+    const at::Tensor out = tree_attention(q, keys.narrow(2, 0, kv_len),
+                                          values.narrow(2, 0, kv_len), cache_lens, tree_mask,
+                                          scale);
+    const at::Tensor attended = apply(lin[kO], out.reshape({B, T, -1}));
+    std::tie(h, x) = add_rms_norm(attended, h, norms[1 + 2 * layer], eps);
+    at::Tensor gated;
+    if (!lin[kUp].defined()) {  // gate and up joined: the two halves of one output
+      const at::Tensor gate_up = apply(lin[kGate], x);
+      const int64_t inner = gate_up.size(-1) / 2;
+      gated = silu_mul(gate_up.narrow(-1, 0, inner), gate_up.narrow(-1, inner, inner));
+    } else {
+      gated = silu_mul(apply(lin[kGate], x), apply(lin[kUp], x));
+    }
+    const at::Tensor mlp = apply(lin[kDown], gated);
+    std::tie(h, x) = add_rms_norm(mlp, h, norms[2 + 2 * layer], eps);
+    for (size_t i = 0; i < capture.size(); ++i)
+      if (capture[i] == layer) captured[i] = h;
+  }
+  return {x, captured};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(specdec, CompositeImplicitAutograd, m) {
+  m.impl("decoder_stack_", &decoder_stack);
+}
+
+}  // namespace specdec
