@@ -1,7 +1,9 @@
 """What the direct forward (:class:`~specdec_kernels.models.direct_forward.DirectForward`)
 saves a decoding step against the model's own forward through the same kernels, interleaved
 forward by forward on the default model at batch 1, for blocks of ``T`` tokens (1: plain
-decoding; more: a chain to verify). Both produce bit-identical logits (checked here too).
+decoding; more: a chain to verify); and the direct forward with its layers in one
+``ops.decoder_stack_`` call against its Python loop. All produce bit-identical logits (checked
+here too).
 
     python3 -m bench.direct_forward --weights file --widths 1,4,16 --steps 21
 """
@@ -31,7 +33,9 @@ def main(argv=None) -> dict:
 
     model = load_model(args.model, weights=args.weights).model
     arms = {"direct": ModelRunner(model, cpu_kernels=True),
+            "direct, Python loop": ModelRunner(model, cpu_kernels=True),
             "model's forward": ModelRunner(model, cpu_kernels=True, direct_forward=False)}
+    arms["direct, Python loop"]._direct_available().one_op = False
     widths = [int(w) for w in args.widths.split(",")]
     prompt = [[(i * 7919) % 1000 + 10 for i in range(args.prefix)]]
     caches = {name: r.new_cache(1, args.prefix + max(widths) + 1) for name, r in arms.items()}
@@ -49,10 +53,12 @@ def main(argv=None) -> dict:
                     logits[name] = runner.forward(caches[name], tokens, [args.prefix])
                     if rep >= 3:  # warm-up forwards are not timed
                         times[name].append((time.perf_counter() - start) * 1e3)
-            if not torch.equal(*logits.values()):
-                raise AssertionError(f"T={width}: the two forwards' logits differ")
+            first = logits["direct"]
+            if not all(torch.equal(first, other) for other in logits.values()):
+                raise AssertionError(f"T={width}: the forwards' logits differ")
             medians = {name: round(statistics.median(v), 2) for name, v in times.items()}
             medians["saved"] = round(1 - medians["direct"] / medians["model's forward"], 3)
+            medians["one op / loop"] = round(medians["direct"] / medians["direct, Python loop"], 3)
             table[f"T={width}"] = medians
     result = {
         "date": time.strftime("%Y-%m-%d"), "isa": ops.cpu_isa(), "threads": torch.get_num_threads(),

@@ -293,6 +293,9 @@ class DirectForward:
         self._modules = list(model.modules())
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
+        #: Whether :meth:`stacked` may run the layers in one op (False: it declines, and the
+        #: caller runs :meth:`__call__`'s Python loop; ``bench.direct_forward`` times both).
+        self.one_op = True
 
     def stack_arguments(self, dtype: torch.dtype, layers: int) -> tuple | None:
         """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
@@ -355,7 +358,8 @@ class DirectForward:
         tuple or None
             ``(logits, captured)`` as :meth:`__call__`.
         """
-        batch, width = input_ids.shape
+        if not self.one_op:
+            return None
         hidden = self.decoder.embed_tokens(input_ids)
         layers = self.num_layers if stop_before is None else min(stop_before, self.num_layers)
         arguments = self.stack_arguments(hidden.dtype, layers)
