@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -540,12 +542,21 @@ SPECDEC_TARGET_AVX2 inline __m256i load32(const uint8_t* p, int64_t left) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(buffer));
 }
 
+// With kVnni the integer sums are AVX-VNNI's vpdpbusd (VEX, 256-bit: Intel cores from Alder
+// Lake and Sapphire Rapids, AMD from Zen 5) instead of vpmaddubsw + vpmaddwd: the same exact
+// int32 sums (the int16 pairs never saturate), hence the same bits. The attribute admits
+// AVX-VNNI in both variants; only the kVnni one is dispatched to on CPUs that have it, and the
+// other holds no VNNI instruction (checked with objdump when this was written: GCC 12 does
+// not form vpdpbusd from these intrinsics).
+#define SPECDEC_TARGET_AVX2_VNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
 // A half chunk (32 weight bytes) at a time: 8 lanes of 4 values (int8: values 4l..4l+3 of
 // the 32; int4: the half's 2 blocks, lanes 0-3 the first). The lane scales and lane order are
 // those of the first or second half of the AVX-512 chunk.
-template <typename S, int MR, int NR, bool kInt4>
-SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const QuantizedWeights<S>& w,
-                                    int64_t n0, float* out, int64_t ldo) {
+template <typename S, int MR, int NR, bool kInt4, bool kVnni>
+SPECDEC_TARGET_AVX2_VNNI void qtile_avx2(const QuantizedRows& x, int64_t m0,
+                                         const QuantizedWeights<S>& w, int64_t n0, float* out,
+                                         int64_t ldo) {
   constexpr int cv = chunk_values(kInt4);
   constexpr int half_values = cv / 2;
   alignas(32) int32_t idx[8];
@@ -597,17 +608,26 @@ SPECDEC_TARGET_AVX2 void qtile_avx2(const QuantizedRows& x, int64_t m0, const Qu
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         const int8_t* xq = xrow[m] + c * cv;
-        __m256i pairs;
+        __m256i isum;
         if constexpr (kInt4) {
           const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + second * 32));
           const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 64 + second * 32));
-          // 15 * 127 * 2 per pair, twice: far from int16 saturation.
-          pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+          if constexpr (kVnni) {
+            isum = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xl),
+                                           hi, xh);
+          } else {  // 15 * 127 * 2 per pair, twice: far from int16 saturation.
+            isum = _mm256_madd_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)), ones);
+          }
         } else {
           const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + second * 32));
-          pairs = _mm256_maddubs_epi16(lo, _mm256_sign_epi8(xv, hi));
+          const __m256i xs = _mm256_sign_epi8(xv, hi);
+          if constexpr (kVnni) {
+            isum = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, xs);
+          } else {
+            isum = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xs), ones);
+          }
         }
-        const __m256i isum = _mm256_madd_epi16(pairs, ones);
         const __m256 xscale = _mm256_loadu_ps(xlanes[m] + c * kLanes + second * 8);
         acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(wscale, xscale), acc[m][n]);
       }
@@ -673,33 +693,52 @@ struct Avx512Q {
   };
 };
 
-template <typename S, bool kInt4>
+template <typename S, bool kInt4, bool kVnni>
 struct Avx2Q {
   template <int MR, int NR>
   struct K {
-    static constexpr QTileFn<S> fn = &qtile_avx2<S, MR, NR, kInt4>;
+    static constexpr QTileFn<S> fn = &qtile_avx2<S, MR, NR, kInt4, kVnni>;
   };
 };
+
+// Whether the CPU has `feature` ("avx512vnni", "avxvnni") and SPECDEC_CPU_VNNI is not "0" (the
+// VNNI tiles give the other tiles' bits; the switch lets a test compare them).
+inline bool vnni_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("SPECDEC_CPU_VNNI");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return allowed;
+}
 
 inline bool has_avx512_vnni() {
   static const bool vnni = [] {
     __builtin_cpu_init();
-    return static_cast<bool>(__builtin_cpu_supports("avx512vnni"));
+    return vnni_allowed() && static_cast<bool>(__builtin_cpu_supports("avx512vnni"));
+  }();
+  return vnni;
+}
+
+inline bool has_avx_vnni() {
+  static const bool vnni = [] {
+    __builtin_cpu_init();
+    return vnni_allowed() && static_cast<bool>(__builtin_cpu_supports("avxvnni"));
   }();
   return vnni;
 }
 #endif
 
-// The tiles of the best instruction set allowed (AVX-512 with VNNI where the CPU has it).
+// The tiles of the best instruction set allowed (VNNI where the CPU has it: the same bits).
 template <typename S, bool kInt4>
 const QTileTable<S>& qtiles_for(int level) {
   static const QTileTable<S> portable = make_qtable<S, PortableQ<S, kInt4>::template K>();
 #if SPECDEC_X86
-  static const QTileTable<S> avx2 = make_qtable<S, Avx2Q<S, kInt4>::template K>();
+  static const QTileTable<S> avx2 = make_qtable<S, Avx2Q<S, kInt4, false>::template K>();
+  static const QTileTable<S> avx2_vnni = make_qtable<S, Avx2Q<S, kInt4, true>::template K>();
   static const QTileTable<S> avx512 = make_qtable<S, Avx512Q<S, kInt4, false>::template K>();
   static const QTileTable<S> avx512_vnni = make_qtable<S, Avx512Q<S, kInt4, true>::template K>();
   if (level >= simd::kAvx512) return has_avx512_vnni() ? avx512_vnni : avx512;
-  if (level >= simd::kAvx2) return avx2;
+  if (level >= simd::kAvx2) return has_avx_vnni() ? avx2_vnni : avx2;
 #endif
   (void)level;
   return portable;

@@ -257,3 +257,49 @@ def test_weights_laid_out_together_run_as_one(bits, group, gen):
     holder = torch.nn.Linear(64, 8)
     set_weight(holder, other)
     assert not lay_out_together([linears[0], holder])  # another format
+
+
+_VNNI_SCRIPT = r"""
+import sys, torch
+from specdec_kernels import ops
+gen = torch.Generator().manual_seed(5)
+out = {}
+for isa in ("avx2", "avx512"):
+    if ops.cpu_isa(isa) != isa:
+        continue
+    for bits, k, n in ((4, 320, 37), (8, 192, 29)):
+        x = torch.randn(6, k, generator=gen)
+        if bits == 4:
+            q = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+        else:
+            q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+        scales = torch.rand(n, k // 32, generator=gen) * 0.01
+        mins = torch.randn(n, k // 32, generator=gen) * 0.01 if bits == 4 else None
+        out[f"{isa}-int{bits}"] = ops.quantized_linear(x, q, scales, mins)
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_vnni_tiles_give_the_bits_of_the_tiles_without(tmp_path):
+    """The VNNI tiles (AVX-512 VNNI's and AVX-VNNI's vpdpbusd) and the tiles without them
+    (vpmaddubsw + vpmaddwd) form the same exact integer sums, so each ISA path gives the same
+    bits whichever the CPU runs: two processes, one with ``SPECDEC_CPU_VNNI=0``. (On a CPU
+    without VNNI both run the same tiles.)"""
+    import os
+    import subprocess
+    import sys
+
+    results = []
+    for vnni in ("1", "0"):
+        path = tmp_path / f"vnni{vnni}.pt"
+        env = dict(os.environ, SPECDEC_CPU_VNNI=vnni)
+        env.pop("SPECDEC_CPU_ISA", None)
+        subprocess.run([sys.executable, "-c", _VNNI_SCRIPT, str(path)], env=env, check=True,
+                       timeout=120)
+        results.append(torch.load(path))
+    with_vnni, without = results
+    if not with_vnni:
+        pytest.skip("this CPU has no AVX2")
+    assert with_vnni.keys() == without.keys()
+    for key in with_vnni:
+        assert torch.equal(with_vnni[key], without[key]), key
