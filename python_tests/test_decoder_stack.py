@@ -247,3 +247,17 @@ def test_opcheck(gen, quantized):
             a["kv_len"], a["cache_lens"], a["tree_mask"], a["norms"], a["linears"],
             a["num_heads"], a["num_kv_heads"], a["scale"], a["eps"], [1, 0])
     torch.library.opcheck(torch.ops.specdec.decoder_stack_.default, args)
+
+
+@torch.inference_mode()
+def test_float_weights_the_kernel_does_not_take_stay_with_the_loop(monkeypatch):
+    """float16 linears run torch's linear in the loop (the small-batch kernel takes float32 and
+    bfloat16): the op, which would call the kernel, is not used."""
+    counting = CountingStack()
+    monkeypatch.setattr(ops, "decoder_stack_", counting)
+    model = tiny_model("llama", vocab=61, layers=2, dtype=torch.float16)
+    runner = ModelRunner(model, cpu_kernels=True)
+    cache = runner.new_cache(1, 16)
+    runner.prefill(cache, [[1, 2, 3]])
+    runner.forward(cache, torch.tensor([[4, 5]]), list(cache.host_lens))
+    assert counting.calls == 0 and runner.forward_path == "direct"

@@ -38,7 +38,9 @@ import torch.nn.functional as F
 from specdec_kernels import ops
 from specdec_kernels.models.quantized_weight import QuantizedWeight
 
-__all__ = ["KernelWeight", "RoutedLinears", "kernel_linear", "supports"]
+__all__ = [
+    "KernelWeight", "RoutedLinears", "kernel_linear", "supports", "takes_float_weight",
+]
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -57,6 +59,14 @@ def supports(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
         return False
     rows = x.numel() // x.shape[-1]
     return rows >= 1 and (max_rows is None or rows <= max_rows)
+
+
+def takes_float_weight(weight: torch.Tensor, bias: torch.Tensor | None,
+                       dtype: torch.dtype) -> bool:
+    """Whether :func:`kernel_linear` runs :func:`~specdec_kernels.ops.small_batch_linear` on
+    this float weight for CPU activations of ``dtype`` (rows permitting): :func:`supports`
+    for one such row."""
+    return supports(torch.empty(1, weight.shape[-1], dtype=dtype), weight, bias)
 
 
 def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

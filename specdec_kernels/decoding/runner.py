@@ -25,7 +25,7 @@ from specdec_kernels.decoding import calibration, kernel_choice
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.block import block_forward_kwargs, chain_parents
 from specdec_kernels.decoding.cache import KVCache
-from specdec_kernels.decoding.cpu_matmul import RoutedLinears, kernel_linear
+from specdec_kernels.decoding.cpu_matmul import RoutedLinears, kernel_linear, takes_float_weight
 from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
 from specdec_kernels.models.hf_compat import cache_kwargs
 from specdec_kernels.models.hf_tree_attention import (
@@ -422,8 +422,8 @@ class ModelRunner:
         if cache.buffer is not None and (max_rows is None or tokens.numel() <= max_rows):
             block = dict(cache.planned_block(), cache_lens=meta.cache_lens,
                          tree_mask=meta.packed_mask)
-            result = direct.stacked(tokens, kwargs["position_ids"], block, head_linear=linear,
-                                    stop_before=exit_layer, capture=points,
+            result = direct.stacked(tokens, kwargs["position_ids"], block, takes_float_weight,
+                                    head_linear=linear, stop_before=exit_layer, capture=points,
                                     last_only=last_logits_only)
             if result is not None:
                 logits, outputs = result

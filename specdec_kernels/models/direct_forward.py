@@ -147,18 +147,16 @@ def _linear_parts(module: torch.nn.Linear) -> tuple:
     return _weight(module), module._parameters.get("bias")
 
 
-def _stack_entry(weight: Tensor, bias: Tensor | None, dtype: torch.dtype) -> list | None:
+def _stack_entry(weight: Tensor, bias: Tensor | None, dtype: torch.dtype,
+                 takes: Callable) -> list | None:
     """``[weight, scales, mins, bias]`` of one linear for
     :func:`~specdec_kernels.ops.decoder_stack_`: a weight at a file's precision as the
-    quantized kernel's operands, a float one where the package's linear takes it (as
-    :func:`~specdec_kernels.decoding.cpu_matmul.kernel_linear` decides), else None."""
-    from specdec_kernels.decoding.cpu_matmul import supports
-
+    quantized kernel's operands, a float one where ``takes(weight, bias, dtype)`` says the
+    caller's linear runs :func:`~specdec_kernels.ops.small_batch_linear` on it, else None."""
     bias = None if bias is None else bias.detach()
     if isinstance(weight, QuantizedWeight):
         return [weight.qweight, weight.scales, weight.mins, bias]
-    probe = torch.empty(1, weight.shape[-1], dtype=dtype)
-    return [weight.detach(), None, None, bias] if supports(probe, weight, bias) else None
+    return [weight.detach(), None, None, bias] if takes(weight, bias, dtype) else None
 
 
 class _Group:
@@ -225,21 +223,22 @@ class _Layer:
             return ops.silu_mul(gate, up)
         return self.act(gate) * up
 
-    def stack_linears(self, dtype: torch.dtype) -> list | None:
+    def stack_linears(self, dtype: torch.dtype, takes: Callable) -> list | None:
         """This layer's :data:`~specdec_kernels.ops.decoder_layer.STACK_SLOTS_PER_LAYER`
         entries of :func:`~specdec_kernels.ops.decoder_stack_`'s ``linears`` for activations
         of ``dtype``, or None where the op would not run the layer as the Python loop does
         (Qwen3's per-head norms, an activation other than SiLU, a float weight the
-        small-batch kernel does not take). Rebuilt when a weight is replaced."""
+        small-batch kernel does not take: ``takes(weight, bias, dtype)``, see
+        :meth:`DirectForward.stacked`). Rebuilt when a weight is replaced."""
         modules = self.qkv.modules + (self.o,) + self.gate_up.modules + (self.down,)
         parts = [_linear_parts(m) for m in modules]
-        key = (dtype,) + tuple(p for pair in parts for p in pair)
+        key = (dtype, takes) + tuple(p for pair in parts for p in pair)
         if self._stack_key is None or len(key) != len(self._stack_key) or any(
                 a is not b for a, b in zip(key, self._stack_key)):
-            self._stack_key, self._stack = key, self._build_stack(parts, dtype)
+            self._stack_key, self._stack = key, self._build_stack(parts, dtype, takes)
         return self._stack
 
-    def _build_stack(self, parts: list, dtype: torch.dtype) -> list | None:
+    def _build_stack(self, parts: list, dtype: torch.dtype, takes: Callable) -> list | None:
         if self.q_norm is not None or not self.silu:
             return None
         groups = [(self.qkv, parts[:3], 3), (None, parts[3:4], 1),
@@ -253,7 +252,7 @@ class _Layer:
             elif joined is not None and all(b is None for b in biases):
                 members = [(joined, None)]
             for weight, bias in members:
-                entry = _stack_entry(weight, bias, dtype)
+                entry = _stack_entry(weight, bias, dtype, takes)
                 if entry is None:
                     return None
                 linears += entry
@@ -297,7 +296,7 @@ class DirectForward:
         #: caller runs :meth:`__call__`'s Python loop; ``bench.direct_forward`` times both).
         self.one_op = True
 
-    def stack_arguments(self, dtype: torch.dtype, layers: int) -> tuple | None:
+    def stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
         """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
         :func:`~specdec_kernels.ops.decoder_stack_` with activations of ``dtype``, or None where
         the op would not reproduce this forward's loop (see :meth:`_Layer.stack_linears`; norm
@@ -317,7 +316,7 @@ class DirectForward:
             return None
         linears = []
         for layer in chosen:
-            entries = layer.stack_linears(dtype)
+            entries = layer.stack_linears(dtype, takes)
             if entries is None:
                 return None
             linears += entries
@@ -328,6 +327,7 @@ class DirectForward:
         input_ids: Tensor,
         position_ids: Tensor,
         cache: dict,
+        float_takes: Callable,
         *,
         head_linear: Callable = F.linear,
         stop_before: int | None = None,
@@ -347,6 +347,11 @@ class DirectForward:
         cache : dict
             Where the block's K/V go and what it attends to: ``kv_cache``, ``write_start``,
             ``write_index``, ``kv_len``, ``cache_lens``, ``tree_mask`` as the op takes them.
+        float_takes : callable
+            ``float_takes(weight, bias, dtype)``: whether the caller's linear runs
+            :func:`~specdec_kernels.ops.small_batch_linear` on that float weight for
+            activations of ``dtype`` (it decides; where it would not, the loop runs). Weights at
+            a file's precision always run :func:`~specdec_kernels.ops.quantized_linear`.
         head_linear : callable
             ``linear(x, weight, bias)`` for the LM head.
         stop_before, capture, last_only
@@ -362,7 +367,7 @@ class DirectForward:
             return None
         hidden = self.decoder.embed_tokens(input_ids)
         layers = self.num_layers if stop_before is None else min(stop_before, self.num_layers)
-        arguments = self.stack_arguments(hidden.dtype, layers)
+        arguments = self.stack_arguments(hidden.dtype, layers, float_takes)
         if arguments is None:
             return None
         norms, linears, eps, scale = arguments
