@@ -114,6 +114,17 @@ def tiny_model(family="llama", *, vocab=64, layers=3, seed=0, dtype=torch.float3
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def randomise_norms(model, seed: int = 7):
+    """Give every RMSNorm of ``model`` random weights in [0.5, 1.5) (norms of weight 1 would
+    hide a swapped norm); returns the model."""
+    gen = torch.Generator().manual_seed(seed)
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            weight = module._parameters.get("weight")
+            weight.copy_(torch.rand(weight.shape, generator=gen) + 0.5)
+    return model
+
+
 def truncated_copy(model, num_layers: int):
     """A separate model made of ``model``'s first ``num_layers`` layers (a cheap draft model
     that shares the target's tokenizer and agrees with it often)."""

@@ -10,7 +10,7 @@ norms) left to the loop."""
 import pytest
 import torch
 
-from python_tests.decoding_helpers import tiny_model
+from python_tests.decoding_helpers import randomise_norms, tiny_model
 from specdec_kernels import ops, reference
 from specdec_kernels.decoding.drafter import ExtraRows
 from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
@@ -31,12 +31,7 @@ def _model(family, dtype):
                 ids=lambda p: f"{p[0]}-{str(p[1]).replace('torch.', '')}")
 def model(request):
     model = _model(*request.param)
-    gen = torch.Generator().manual_seed(7)
-    for module in model.modules():  # norms of weight 1 would hide a swapped norm
-        if type(module).__name__.endswith("RMSNorm"):
-            weight = module._parameters.get("weight")
-            weight.copy_(torch.rand(weight.shape, generator=gen) + 0.5)
-    return model
+    return randomise_norms(model)
 
 
 class CountingStack:

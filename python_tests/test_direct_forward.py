@@ -9,7 +9,7 @@ forward."""
 import pytest
 import torch
 
-from python_tests.decoding_helpers import tiny_model
+from python_tests.decoding_helpers import randomise_norms, tiny_model
 from specdec_kernels.decoding.drafter import ExtraRows
 from specdec_kernels.decoding.runner import FeatureSpec, ModelRunner
 from specdec_kernels.models.direct_forward import DirectForward, unsupported_reason
@@ -43,12 +43,7 @@ def model(request):
     weights held as buffers, run by the quantized kernel)."""
     family, dtype = request.param
     model = _model(family, dtype)
-    gen = torch.Generator().manual_seed(7)
-    for module in model.modules():  # norms of weight 1 would hide a swapped norm
-        if type(module).__name__.endswith("RMSNorm"):
-            weight = module._parameters.get("weight")
-            weight.copy_(torch.rand(weight.shape, generator=gen) + 0.5)
-    return model
+    return randomise_norms(model)
 
 
 def _model(family, dtype):

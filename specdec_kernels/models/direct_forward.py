@@ -383,13 +383,19 @@ class DirectForward:
             getattr(config, "num_key_value_heads", None) or heads, scale, eps, capture=points,
         )
         captured = dict(zip(points, outputs))
+        return self._logits(x, captured, head_linear, stop_before, capture, last_only)
+
+    def _logits(self, x: Tensor, captured: dict, linear: Callable, stop_before, capture,
+                last_only: bool) -> tuple[Tensor, dict]:
+        """The LM head over ``x``, the final norm of every row (a per-row op: the last row alone
+        gives the same bits), and ``"final_norm"`` added to ``captured`` where asked."""
         if stop_before is not None and last_only:
             x = x[:, -1:]
         if "final_norm" in capture:
             captured["final_norm"] = x
         if last_only and stop_before is None:
             x = x[:, -1:]
-        return head_linear(x, *_linear_parts(self.head)), captured
+        return linear(x, *_linear_parts(self.head)), captured
 
     def hooked(self) -> bool:
         """Whether forward hooks are registered on the model's modules (or globally): the
@@ -475,11 +481,4 @@ class DirectForward:
             hidden, x = add_rms_norm(mlp, hidden, next_norms[index])
             if index in capture:
                 captured[index] = hidden
-        # x: the final norm of every row (a per-row op: the last row alone gives the same bits).
-        if stop_before is not None and last_only:
-            x = x[:, -1:]
-        if "final_norm" in capture:
-            captured["final_norm"] = x
-        if last_only and stop_before is None:
-            x = x[:, -1:]
-        return linear(x, *_linear_parts(self.head)), captured
+        return self._logits(x, captured, linear, stop_before, capture, last_only)
