@@ -162,26 +162,40 @@ def stack_operands(gen, *, joined, quantized, batch=2, width=3, layers=2, ragged
     )
 
 
+def on_device(args: dict, device) -> dict:
+    """The operands (tensors, and tensors in lists) moved to ``device``."""
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device)
+        return [move(x) for x in v] if isinstance(v, list) else v
+    return {k: move(v) for k, v in args.items()}
+
+
 @pytest.mark.parametrize("joined", [True, False])
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("ragged", [False, True])
-def test_the_op_matches_the_reference(gen, joined, quantized, ragged):
+def test_the_op_matches_the_reference(gen, device, joined, quantized, ragged):
+    """On CPU and, where there is one, on CUDA (the composite decomposes into the ops' CUDA
+    kernels there); the reference runs on CPU."""
     args = stack_operands(gen, joined=joined, quantized=quantized, ragged=ragged)
     want_cache = args["kv_cache"].clone()
+    args = on_device(args, device)
     got, captured = ops.decoder_stack_(**args, capture=[1, 0])
-    want, want_captured = reference.decoder_stack_(**dict(args, kv_cache=want_cache),
-                                                   capture=[1, 0])
+    got, captured = got.cpu(), [c.cpu() for c in captured]
+    on_cpu = dict(on_device(args, "cpu"), kv_cache=want_cache)
+    want, want_captured = reference.decoder_stack_(**on_cpu, capture=[1, 0])
     tol = dict(rtol=2e-3, atol=2e-3) if quantized else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got, want, **tol)
     assert len(captured) == 2
     for a, b in zip(captured, want_captured):
         torch.testing.assert_close(a, b, **tol)
     assert not torch.equal(captured[0], captured[1])
-    torch.testing.assert_close(args["kv_cache"], want_cache, **tol)
+    torch.testing.assert_close(args["kv_cache"].cpu(), want_cache, **tol)
 
 
 def test_a_row_alone_gives_the_same_bits(gen):
-    """Batch invariance: request 1 of a batch of 2 equals the same request run alone."""
+    """Batch invariance (CPU: on CUDA quantized_linear runs through torch's GEMM): request 1 of
+    a batch of 2 equals the same request run alone."""
     args = stack_operands(gen, joined=True, quantized=True, ragged=True)
     alone = dict(args, hidden=args["hidden"][1:], cos=args["cos"][1:], sin=args["sin"][1:],
                  kv_cache=args["kv_cache"][:, :, 1:].clone(), write_index=args["write_index"][1:],
