@@ -381,7 +381,9 @@ def test_shipped_heads_describe_their_training(loaded):
     assert len(flat.tree) == 13 and flat.tree.depth >= 2
     info = heads.info
     assert len(info["rank_accuracy"]) == heads.num_heads
-    assert info["top1"][0] > 0.15 and "command" in info and info["data"]["tokens"] > 10000
+    # trained on issue 24's self-distillation cache (>= 300k tokens): head 0 well above the
+    # 0.23 of the heads trained on 11k tokens before it
+    assert info["top1"][0] > 0.4 and "command" in info and info["data"]["tokens"] >= 300_000
 
 
 # ---------------------------------------------------------------------------- sampling
