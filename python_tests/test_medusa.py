@@ -476,12 +476,14 @@ def test_cli_train_medusa_on_a_small_cache(tmp_path, loaded):
     """``specdec train medusa --skip-data`` trains on a cache in the data phase's format and
     saves heads with their held-out accuracies; the heads then decode."""
     from specdec_kernels import cli
-    from specdec_kernels.training.medusa_data import chunk_path, generate_chunk, load_cache
+    from specdec_kernels.training.selfdistill import DataCache, generate_chunk
 
     prompts = ["Name three colors.", "Count to five.", "Say hello.", "What is 2+2?"]
-    generate_chunk(loaded, prompts, chunk_path(tmp_path / "data" / "first", 0),
-                   max_new_tokens=12, seed=3)
-    records = load_cache(tmp_path / "data" / "first")
+    data = tmp_path / "data"
+    generate_chunk(loaded, prompts, data / "first" / "chunk_0000.safetensors",
+                   layers=("final_norm",), max_new_tokens=12, sampled_fraction=0.5, seed=3)
+    (data / "manifest.json").write_text(json.dumps({"layers": ["final_norm"]}))
+    records = DataCache.load(data).medusa_records()
     assert len(records) == 4 and any(r["sampled"] for r in records)
     for r in records:  # features[j] is the hidden state whose logits gave tokens[j]
         assert r["features"].shape == (len(r["tokens"]), 576)

@@ -1,5 +1,5 @@
 """Asset builders above the decoding layer: self-distillation data from a frozen target
-(:mod:`.selfdistill`, Medusa's own :mod:`.medusa_data`), the trainers of the drafters that learn
+(:mod:`.selfdistill`, its prompts in :mod:`.prompts`), the trainers of the drafters that learn
 from it (:mod:`.eagle`, :mod:`.medusa`), and retrieval corpora and datastores
 (:mod:`.retrieval_corpus`, ``specdec datastore``: :mod:`.datastore_cli`). The decoding layer
 never imports this package: what it loads (weights, configs, datastores) is defined beside the

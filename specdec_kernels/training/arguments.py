@@ -12,6 +12,8 @@ def add_data_arguments(p) -> None:
     p.add_argument("--data", required=True, help="cache folder (resumed if present)")
     p.add_argument("--first-prompts", type=int, default=1280)
     p.add_argument("--second-prompts", type=int, default=640)
+    p.add_argument("--task-prompts", type=int, default=640,
+                   help="requests in user forms: code, questions, translation, summaries")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64, help="prompts per chunk (one batch)")
     p.add_argument("--sampled-fraction", type=float, default=0.3,

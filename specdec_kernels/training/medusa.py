@@ -1,9 +1,11 @@
 """``specdec train medusa``: Medusa-1 self-distillation of heads for a frozen target, on CPU.
 
-1. Data (:mod:`~specdec_kernels.training.medusa_data`): the target answers prompts built from this
-   package's topic list and templates (half greedy, half sampled), then prompts built around
-   its own answers; the final-norm hidden state behind every emitted token is recorded by the
-   engine's target-features doorway and cached once (``--data``, resumable chunk by chunk).
+1. Data (:func:`~specdec_kernels.training.selfdistill.build_data`, the cache ``specdec train
+   eagle`` reads too): the target answers prompts made by this package (essays, then requests
+   built around its own answers, then code, questions, translations and summaries), part
+   greedy and part sampled; the hidden states behind every token are recorded by the engine's
+   target-features doorway and cached once (``--data``, resumable chunk by chunk). Caches of
+   the Medusa-only format that earlier versions wrote (final norm only) still train.
 2. Training (:func:`train_heads`): head ``k`` learns, from the cached hidden state behind
    token ``t``, the target's own distribution of token ``t + 1 + k`` (its LM head on the
    cached hidden state that produced that token; ``--hard-labels``: the token itself), with
@@ -26,58 +28,6 @@ import torch
 from torch import Tensor
 
 __all__ = ["add_subcommand", "build_examples", "evaluate_heads", "train_heads"]
-
-
-# ---------------------------------------------------------------------------- data phase
-
-
-def build_data(args, log=print) -> Path:
-    from specdec_kernels.training.medusa_data import (
-        answers_of,
-        chunk_path,
-        first_stage_prompts,
-        generate_chunk,
-        refuse_pickles,
-        second_stage_prompts,
-        write_manifest,
-    )
-    from specdec_kernels.models import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    data = Path(args.data)
-    for stage in ("first", "second"):  # before the model loads
-        refuse_pickles(data / stage)
-    loaded = load_model(args.model)
-    t0 = time.perf_counter()
-    first = first_stage_prompts(args.first_prompts, seed=args.seed)
-    size = args.batch_size
-    chunks = math.ceil(len(first) / size)
-    second_chunks = math.ceil(args.second_prompts / size)
-    # Second-stage chunks (prompts around the answers so far) interleave with the first
-    # stage's, so a run cut short still has both kinds.
-    every = max(1, chunks // max(second_chunks, 1))
-    done_second = 0
-    for c in range(chunks):
-        generate_chunk(
-            loaded, first[c * size : (c + 1) * size], chunk_path(data / "first", c),
-            max_new_tokens=args.max_new_tokens, seed=args.seed * 7919 + c, log=log,
-        )
-        if done_second < second_chunks and (c + 1) % every == 0:
-            path = chunk_path(data / "second", done_second)
-            if not path.exists():
-                prompts = second_stage_prompts(
-                    answers_of(data / "first"), size, seed=args.seed * 7919 + 5000 + done_second
-                )
-                generate_chunk(loaded, prompts, path, max_new_tokens=args.max_new_tokens,
-                               seed=args.seed * 7919 + 5000 + done_second, log=log)
-            done_second += 1
-    write_manifest(data, {
-        "model": args.model, "first_prompts": args.first_prompts,
-        "second_prompts": args.second_prompts, "max_new_tokens": args.max_new_tokens,
-        "batch_size": args.batch_size, "seconds_this_run": round(time.perf_counter() - t0),
-    })
-    return data
 
 
 # ---------------------------------------------------------------------------- training
@@ -362,18 +312,10 @@ def add_train_arguments(p) -> None:
     p.add_argument("--top", type=int, default=10, help="ranks of the saved accuracies")
 
 
-def add_data_arguments(p) -> None:
-    p.add_argument("--model", default="default", help="the frozen target")
-    p.add_argument("--data", required=True, help="cache folder (resumed if present)")
-    p.add_argument("--first-prompts", type=int, default=480)
-    p.add_argument("--second-prompts", type=int, default=192)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=48)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int)
-
-
 def main(argv=None) -> int:
+    from specdec_kernels.training.arguments import add_data_arguments
+    from specdec_kernels.training.selfdistill import build_data
+
     parser = argparse.ArgumentParser(prog="python3 -m specdec_kernels.training.medusa")
     sub = parser.add_subparsers(dest="phase", required=True)
     add_data_arguments(sub.add_parser("data", help="generate and cache the data only"))
@@ -393,6 +335,8 @@ def add_subcommand(subparsers) -> None:
     """Register ``specdec train medusa`` (data, then training; resumes cached data)."""
     train = subparsers.add_parser("train", help="train drafters for a target")
     kinds = train.add_subparsers(dest="kind", required=True)
+    from specdec_kernels.training.arguments import add_data_arguments
+
     p = kinds.add_parser(
         "medusa", help="Medusa-1 heads by self-distillation (data + training)",
         description=__doc__,
@@ -407,6 +351,8 @@ def add_subcommand(subparsers) -> None:
 
 
 def _run_subcommand(args) -> int:
+    from specdec_kernels.training.selfdistill import build_data
+
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     if not args.skip_data:
         build_data(args, log=log)

@@ -1,6 +1,6 @@
 """Corpora for datastores: reading text / JSONL files, and making a corpus of the target's
 own answers to requests built from the package's topic list and templates (the ones the Medusa
-heads were trained from, :mod:`specdec_kernels.training.medusa_data`; never the benchmark prompts)."""
+heads were trained from, :mod:`specdec_kernels.training.prompts`; never the benchmark prompts)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def generate_corpus(
     log=print,
 ) -> dict:
     """Write ``out`` (JSONL: ``prompt``, ``text``), the target's greedy answers to
-    ``num_prompts`` requests from :func:`specdec_kernels.training.medusa_data.first_stage_prompts`.
+    ``num_prompts`` requests from :func:`specdec_kernels.training.prompts.first_stage_prompts`.
 
     Returns
     -------
@@ -109,7 +109,7 @@ def generate_corpus(
         ``prompts``, ``tokens`` (new tokens), ``seconds``.
     """
     from specdec_kernels.decoding import generate
-    from specdec_kernels.training.medusa_data import first_stage_prompts
+    from specdec_kernels.training.prompts import first_stage_prompts
 
     if num_prompts < 1 or max_new_tokens < 1 or batch_size < 1:
         raise ValueError("num_prompts, max_new_tokens and batch_size must be >= 1")

@@ -251,17 +251,58 @@ class DataCache:
         return slice(index * hidden, (index + 1) * hidden)
 
 
+#: The stages of a cache, each a subfolder of chunks.
+STAGES = ("first", "second", "tasks")
+
+
+def answered(folder) -> list:
+    """``(prompt, answer)`` of every chunk under ``folder`` so far, read from the chunks' JSON
+    (no tensors loaded)."""
+    pairs = []
+    for path in sorted(Path(folder).glob("**/chunk_*.json")):
+        meta = json.loads(path.read_text())
+        pairs.extend(zip(meta["prompts"], meta["answers"]))
+    return pairs
+
+
+def chunk_jobs(first_chunks: int, second_chunks: int, task_chunks: int) -> list:
+    """The order of a cache's chunks, ``(stage, index)``: the stages built on earlier answers
+    (``second``, ``tasks``) interleave with the first stage's chunks, so a run cut short holds
+    every kind; what is left of them follows the first stage."""
+    jobs, done = [], {"second": 0, "tasks": 0}
+    wanted = {"second": second_chunks, "tasks": task_chunks}
+    every = {k: max(1, first_chunks // max(n, 1)) for k, n in wanted.items()}
+    for c in range(first_chunks):
+        jobs.append(("first", c))
+        for stage in ("second", "tasks"):
+            if done[stage] < wanted[stage] and (c + 1) % every[stage] == 0:
+                jobs.append((stage, done[stage]))
+                done[stage] += 1
+    for stage in ("second", "tasks"):
+        jobs.extend((stage, i) for i in range(done[stage], wanted[stage]))
+    return jobs
+
+
 def build_data(args, log=print) -> Path:
     """Generate (or resume) the cache ``args.data``: first-stage prompts from the topic list
-    and templates, interleaved with second-stage prompts built around the answers so far
-    (summaries, translations, questions on a passage, rewrites). Stops starting chunks after
-    ``args.time_budget`` seconds (a resumable piece of a long run)."""
-    from specdec_kernels.training.medusa_data import first_stage_prompts, second_stage_prompts
+    and templates; second-stage prompts built around the first stage's answers (summaries,
+    translations, questions on a passage, rewrites); task-stage prompts in the forms users send
+    (code, short questions, word problems, translations into English, ``Summarize:`` over long
+    text, extraction), the text-based ones built on every answer so far. Stops starting chunks
+    after ``args.time_budget`` seconds (a resumable piece of a long run)."""
+    from specdec_kernels.training.medusa_data import refuse_pickles
+    from specdec_kernels.training.prompts import (
+        first_stage_prompts,
+        second_stage_prompts,
+        task_prompts,
+    )
     from specdec_kernels.models import load_model
 
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     data = Path(args.data)
+    for stage in STAGES:  # before the model loads
+        refuse_pickles(data / stage)
     loaded = load_model(args.model)
     layers = default_capture_layers(int(loaded.model.config.num_hidden_layers))
     manifest_path = data / "manifest.json"
@@ -271,16 +312,9 @@ def build_data(args, log=print) -> Path:
     t0 = time.perf_counter()
     size = args.batch_size
     first = first_stage_prompts(args.first_prompts, seed=args.seed)
-    chunks = -(-len(first) // size)
-    second_chunks = -(-args.second_prompts // size)
-    every = max(1, chunks // max(second_chunks, 1))
-    done_second = 0
-    jobs = []
-    for c in range(chunks):
-        jobs.append(("first", c))
-        if done_second < second_chunks and (c + 1) % every == 0:
-            jobs.append(("second", done_second))
-            done_second += 1
+    jobs = chunk_jobs(-(-len(first) // size), -(-args.second_prompts // size),
+                      -(-args.task_prompts // size))
+    seed_offsets = {"first": 0, "second": 5000, "tasks": 9000}
     for stage, c in jobs:
         path = data / stage / f"chunk_{c:04d}.safetensors"
         if path.exists():
@@ -288,12 +322,14 @@ def build_data(args, log=print) -> Path:
         if args.time_budget and time.perf_counter() - t0 > args.time_budget:
             log(f"time budget reached; run again to resume at {stage}/{path.name}")
             break
-        seed = args.seed * 7919 + c + (5000 if stage == "second" else 0)
+        seed = args.seed * 7919 + c + seed_offsets[stage]
         if stage == "first":
             prompts = first[c * size : (c + 1) * size]
-        else:
-            answers = DataCache.load(data / "first").answers
+        elif stage == "second":
+            answers = [a for _, a in answered(data / "first")]
             prompts = second_stage_prompts(answers, size, seed=seed)
+        else:
+            prompts = task_prompts(answered(data), size, seed=seed)
         meta = generate_chunk(
             loaded, prompts, path, layers=layers, max_new_tokens=args.max_new_tokens,
             sampled_fraction=args.sampled_fraction, seed=seed,
@@ -305,8 +341,9 @@ def build_data(args, log=print) -> Path:
             f"{meta['seconds']} s ({meta['tokens_per_second']} tokens/s)")
         manifest.update({
             "model": args.model, "layers": list(layers), "first_prompts": args.first_prompts,
-            "second_prompts": args.second_prompts, "max_new_tokens": args.max_new_tokens,
-            "batch_size": size, "sampled_fraction": args.sampled_fraction, "seed": args.seed,
+            "second_prompts": args.second_prompts, "task_prompts": args.task_prompts,
+            "max_new_tokens": args.max_new_tokens, "batch_size": size,
+            "sampled_fraction": args.sampled_fraction, "seed": args.seed,
         })
         manifest_path.write_text(json.dumps(manifest, indent=1))
     return data
