@@ -84,5 +84,7 @@ def test_answered_reads_the_chunks_json(tmp_path):
         (tmp_path / stage).mkdir()
         (tmp_path / stage / "chunk_0000.json").write_text(
             json.dumps({"prompts": prompts, "answers": answers}))
+    (tmp_path / "eagle-train" / "x").mkdir(parents=True)  # not a stage: never read
+    (tmp_path / "eagle-train" / "x" / "chunk_0000.json").write_text("not json")
     assert answered(tmp_path) == [("a", "A"), ("b", "B"), ("c", "C")]
     assert answered(tmp_path / "first") == [("a", "A"), ("b", "B")]

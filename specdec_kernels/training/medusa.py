@@ -333,10 +333,10 @@ def main(argv=None) -> int:
 
 def add_subcommand(subparsers) -> None:
     """Register ``specdec train medusa`` (data, then training; resumes cached data)."""
-    train = subparsers.add_parser("train", help="train drafters for a target")
-    kinds = train.add_subparsers(dest="kind", required=True)
     from specdec_kernels.training.arguments import add_data_arguments
 
+    train = subparsers.add_parser("train", help="train drafters for a target")
+    kinds = train.add_subparsers(dest="kind", required=True)
     p = kinds.add_parser(
         "medusa", help="Medusa-1 heads by self-distillation (data + training)",
         description=__doc__,

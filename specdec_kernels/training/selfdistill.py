@@ -256,10 +256,13 @@ STAGES = ("first", "second", "tasks")
 
 
 def answered(folder) -> list:
-    """``(prompt, answer)`` of every chunk under ``folder`` so far, read from the chunks' JSON
-    (no tensors loaded)."""
+    """``(prompt, answer)`` of every chunk so far in ``folder`` (a cache, or one stage of it),
+    read from the chunks' JSON (no tensors loaded)."""
+    folder = Path(folder)
+    paths = sorted(folder.glob("chunk_*.json"))
+    paths += [p for stage in STAGES for p in sorted((folder / stage).glob("chunk_*.json"))]
     pairs = []
-    for path in sorted(Path(folder).glob("**/chunk_*.json")):
+    for path in paths:
         meta = json.loads(path.read_text())
         pairs.extend(zip(meta["prompts"], meta["answers"]))
     return pairs
