@@ -115,7 +115,7 @@ def test_command_line_lists_the_options_that_differ():
 def test_bench_end_to_end_on_the_default_model(tmp_path, capsys):
     out = tmp_path / "bench"
     code = cli.main(
-        ["bench", "--categories", "summarization", "--prompts-per-category", "1",
+        ["bench", "--categories", "qa", "--prompts-per-category", "1",
          "--max-new-tokens", "8", "--out", str(out),
          "--methods", "hf-generate,ours-autoregressive,ours-prompt-lookup,"
          "ours-self-speculative,hf-early-exit,ours-lookahead,ours-jacobi"]
@@ -134,7 +134,7 @@ def test_bench_end_to_end_on_the_default_model(tmp_path, capsys):
     for name in ("ours-autoregressive", "ours-prompt-lookup", "ours-self-speculative",
                  "ours-lookahead", "ours-jacobi"):
         assert figures[name][OVERALL]["identical"] == 1.0
-        assert figures[name]["summarization"]["new_tokens"] == 8
+        assert figures[name]["qa"]["new_tokens"] == 8
     # Ours and HF's layer skip exit at the same layer.
     layers = result["config"]["method_settings"]["ours-self-speculative"]["num_layers"]
     assert layers == result["config"]["target_layers"] - 2

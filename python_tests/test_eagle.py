@@ -282,15 +282,88 @@ def test_draft_network_runs_on_the_runners_linear_kernels(tiny, monkeypatch):
                         lambda x, w, b=None: weights.append(w.data_ptr()) or real(x, w, b))
     drafter = EagleDrafter(random_draft(tiny))
     out = generate(tiny, [[1, 2, 3]], drafter=drafter, max_new_tokens=6, eos_token_id=[])
-    draft_linears = {m.weight.data_ptr() for m in drafter.draft.modules()
-                     if isinstance(m, torch.nn.Linear)}
-    assert draft_linears <= set(weights)  # fc, the layer's 7 and the draft head
+    draft, layer = drafter.draft, drafter.draft.midlayer
+    alone = {m.weight.data_ptr() for m in (draft.fc, layer.self_attn.o_proj,
+                                          layer.mlp.down_proj, draft.lm_head)}
+    joined = {drafter._layer.qkv._joined.data_ptr(), drafter._layer.gate_up._joined.data_ptr()}
+    assert alone | joined <= set(weights)  # fc, q/k/v joined, o, gate/up joined, down, head
     assert out.tokens == generate(tiny, [[1, 2, 3]], max_new_tokens=6, eos_token_id=[]).tokens
     routed = ModelRunner(tiny, cpu_kernels=True).linears(drafter.draft)
     with routed():
         assert all(isinstance(m.weight, KernelWeight) for m in drafter.draft.modules()
                    if isinstance(m, torch.nn.Linear))
     assert ModelRunner(tiny, cpu_kernels=False).linears(drafter.draft) is contextlib.nullcontext
+
+
+@pytest.mark.parametrize("batch,rows", [(1, 1), (1, 5), (2, 3), (3, 8)])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_fast_draft_layer_gives_the_models_bits(tiny, batch, rows, kernels):
+    """The drafter's forward pieces (joined q/k/v and gate/up, the decoder-layer ops) against
+    the model's own: the same bits on the package's kernels (each joined column is its own
+    linear's), equal within rounding on torch's; a weight changed in place is seen."""
+    from specdec_kernels.decoding.eagle import _FastDraftLayer
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    draft = random_draft(tiny, seed=batch + rows).eval()
+    draft.bind_target(tiny)
+    fast = _FastDraftLayer(draft)
+    assert _FastDraftLayer.fits(draft)
+    gen = torch.Generator().manual_seed(rows)
+    c = draft.config
+    hidden = torch.randn(batch, rows, c.hidden_size, generator=gen)
+    tokens = torch.randint(0, c.vocab_size, (batch, rows), generator=gen)
+    positions = torch.randint(0, 300, (batch, 1), generator=gen) + torch.arange(rows)
+    if rows == 3:
+        positions = positions[:, :1]  # a block of siblings: one depth, one position
+    attended = torch.randn(batch, c.num_heads, rows, c.head_dim, generator=gen)
+    routed = ModelRunner(tiny, cpu_kernels=kernels).linears(draft)
+
+    def check():
+        with torch.inference_mode(), routed():
+            pairs = list(zip(draft.project(hidden, tokens, positions),
+                             fast.project(hidden, tokens, positions)))
+            pairs.append((draft.finish(hidden, attended), fast.finish(hidden, attended)))
+            pairs.append((draft.logits(hidden), fast.logits(hidden)))
+        for want, got in pairs:
+            assert got.shape == want.shape
+            if kernels:
+                assert torch.equal(got, want)
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    check()
+    with torch.no_grad():
+        draft.midlayer.self_attn.k_proj.weight.mul_(-0.5)
+        draft.midlayer.mlp.up_proj.weight.add_(0.01)
+    check()
+
+
+def test_bfloat16_draft_keeps_the_output_and_the_callers_network(tiny):
+    """A bfloat16 draft network changes which tokens are drafted, never the output (greedy,
+    ragged batch); the caller's float32 network is left as it was; other dtypes are refused."""
+    draft = random_draft(tiny)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    prompts = [PROMPT, [5, 2, 9]]
+    drafter = EagleDrafter(draft, draft_dtype="bfloat16", max_nodes=8,
+                           cost_curve={1: 1.0, 64: 1.0})
+    out = generate(tiny, prompts, drafter=drafter, max_new_tokens=10, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=10, eos_token_id=[]).tokens
+    assert drafter.draft.fc.weight.dtype == torch.bfloat16
+    assert drafter.describe()["draft_dtype"] == "bfloat16"
+    assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
+    with pytest.raises(ValueError, match="draft_dtype"):
+        EagleDrafter(draft, draft_dtype="float16")
+
+
+def test_fast_draft_layer_leaves_other_networks_alone(tiny):
+    """EAGLE-1's network computes its own pieces: the drafter keeps the model's methods."""
+    from specdec_kernels.decoding.eagle import _FastDraftLayer
+    from specdec_kernels.eagle.model import Eagle1DraftModel
+
+    draft = random_draft(tiny)
+    assert _FastDraftLayer.fits(draft)
+    config = EagleConfig.from_json(draft.config.to_json())
+    assert not _FastDraftLayer.fits(Eagle1DraftModel(config))
 
 
 def test_drafter_for_another_target_is_refused(tiny):

@@ -440,6 +440,8 @@ class EagleOptions:
     max_depth: int = _max_depth(6)
     max_nodes: int = _max_nodes(48)
     cost_curve: object = _cost_curve()
+    draft_dtype: str = choice("float32", "the draft network's weights and activations",
+                              ("float32", "bfloat16"))
 
 
 @dataclass

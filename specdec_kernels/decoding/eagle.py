@@ -31,16 +31,20 @@ sibling rank and on its ancestors), which keeps every sibling set an independent
 
 from __future__ import annotations
 
+import copy
 import time
 from importlib import resources
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from specdec_kernels import ops
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
+from specdec_kernels.decoding.cpu_matmul import KernelWeight
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
-from specdec_kernels.eagle.model import EagleDraftModel, load_eagle
+from specdec_kernels.eagle.model import EagleDraftModel, load_eagle, rope_tables
 from specdec_kernels.decoding.runner import FeatureSpec
 
 __all__ = ["DEFAULT_EAGLE", "EagleDrafter", "default_eagle_path"]
@@ -55,6 +59,108 @@ _BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
 def default_eagle_path() -> Path:
     """Folder of the shipped EAGLE drafter for the default model."""
     return Path(str(resources.files("specdec_kernels.data").joinpath(DEFAULT_EAGLE)))
+
+
+class _JoinedLinear:
+    """Bias-free linears that read one input, as one ``[sum N, K]`` weight: one call instead
+    of several. The joined rows are a copy, remade when any member's weight is replaced or
+    changed in place; they are seen through :class:`~specdec_kernels.decoding.cpu_matmul.KernelWeight`,
+    so the runner's routing (:meth:`~specdec_kernels.decoding.runner.ModelRunner.linears`)
+    applies to them as to the members: on the small-batch kernel every output column is the
+    bits of its own linear's."""
+
+    def __init__(self, *linears):
+        self.linears = linears
+        self.sizes = [m.out_features for m in linears]
+        self._key, self._joined = None, None
+
+    @staticmethod
+    def _plain(linear) -> Tensor:
+        weight = linear._parameters["weight"]
+        return weight.dense if isinstance(weight, KernelWeight) else weight
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """``[..., sum N]``: every member's output, side by side in member order."""
+        weights = [self._plain(m) for m in self.linears]
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        if key != self._key:
+            self._joined = KernelWeight.of(torch.cat([w.detach() for w in weights]))
+            self._key = key
+        return F.linear(x, self._joined)
+
+
+class _FastDraftLayer:
+    """:meth:`EagleDraftModel.project <specdec_kernels.eagle.model.EagleDraftModel.project>`,
+    ``finish`` and ``logits`` for decoding, bit for bit, in fewer calls (each of the draft's
+    forwards on a 2-core CPU spent about as long between its ops as in its linears): q/k/v and
+    gate/up joined (:class:`_JoinedLinear`), the norms, the residual add before the second
+    norm, the rotary embedding of q and k together and the SiLU gate on the package's
+    decoder-layer ops (each gives the bits of the torch expression it replaces), the rotary
+    angles computed once for q and k. No autograd: drafting only (the model's own methods
+    train)."""
+
+    def __init__(self, draft: EagleDraftModel):
+        self.draft = draft
+        layer = draft.midlayer
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = _JoinedLinear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.gate_up = _JoinedLinear(mlp.gate_proj, mlp.up_proj)
+
+    @staticmethod
+    def fits(draft: EagleDraftModel) -> bool:
+        """Whether the draft computes what this class reproduces: the EAGLE-3 network itself
+        (a subclass with its own pieces, EAGLE-1's, keeps them), its linears without bias."""
+        kind = type(draft)
+        same = all(getattr(kind, name) is getattr(EagleDraftModel, name)
+                   for name in ("project", "finish", "logits", "embed"))
+        layer = draft.midlayer
+        linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                   layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                   layer.mlp.down_proj]
+        return same and all(m.bias is None for m in linears)
+
+    def _norm(self, x: Tensor, norm) -> Tensor:
+        return ops.rms_norm(x, norm.weight.detach(), norm.eps)
+
+    def project(self, hidden: Tensor, tokens: Tensor, positions: Tensor):
+        draft, c = self.draft, self.draft.config
+        layer = draft.midlayer
+        x = torch.cat([self._norm(draft.embed(tokens), layer.input_layernorm),
+                       self._norm(hidden, layer.hidden_norm)], -1)
+        b, n, _ = x.shape
+        heads, kv_heads, d = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = self.qkv(x)
+        # positions may be [B, 1] for a block of siblings (all at one depth).
+        cos, sin = rope_tables(positions.expand(b, n), d, c.rope_theta, x.dtype)
+        # q's and k's heads are neighbouring columns of one output: one rotary call for both.
+        qk = qkv[..., : (heads + kv_heads) * d].view(b, n, heads + kv_heads, d)
+        qk = ops.rotary_embedding(qk, cos, sin)
+        q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+        v = qkv[..., (heads + kv_heads) * d :].view(b, n, kv_heads, d).transpose(1, 2)
+        return q, k, v, hidden
+
+    def finish(self, residual: Tensor, attended: Tensor) -> Tensor:
+        layer = self.draft.midlayer
+        b, _, n, _ = attended.shape
+        o = layer.self_attn.o_proj(attended.transpose(1, 2).reshape(b, n, -1))
+        norm = layer.post_attention_layernorm
+        out, x = ops.add_rms_norm(o, residual, norm.weight.detach(), norm.eps)
+        gate_up = self.gate_up(x)
+        size = self.gate_up.sizes[0]
+        return out + layer.mlp.down_proj(ops.silu_mul(gate_up[..., :size], gate_up[..., size:]))
+
+    def logits(self, output: Tensor) -> Tensor:
+        return self.draft.lm_head(self._norm(output, self.draft.norm))
+
+
+def _own_copy(draft: EagleDraftModel) -> EagleDraftModel:
+    """A copy of ``draft`` without the target's embedding it may have borrowed."""
+    borrowed = draft.__dict__.pop("_borrowed_embedding", None)
+    try:
+        return copy.deepcopy(draft)
+    finally:
+        if borrowed is not None:
+            draft.__dict__["_borrowed_embedding"] = borrowed
 
 
 def _bucket(q: float) -> int:
@@ -82,12 +188,15 @@ class EagleDrafter(Drafter):
     cost_curve : str, Path, dict or StepCost, optional
         The device's step-cost curve (default: this machine's, see
         :meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
+    draft_dtype : torch.dtype or str
+        The draft network's weights and activations (``"float32"`` or ``"bfloat16"``); the
+        draft's choice of tokens, never the output, depends on it.
     """
 
     name = "eagle"
 
     def __init__(self, eagle_draft=None, *, branching: int = 8, max_depth: int = 6,
-                 max_nodes: int = 48, cost_curve=None):
+                 max_nodes: int = 48, cost_curve=None, draft_dtype="float32"):
         draft = eagle_draft
         if draft is None:
             draft = default_eagle_path()
@@ -103,6 +212,12 @@ class EagleDrafter(Drafter):
                             ("max_nodes", max_nodes)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        dtype = getattr(torch, draft_dtype, None) if isinstance(draft_dtype, str) else draft_dtype
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"draft_dtype must be float32 or bfloat16, got {draft_dtype!r}")
+        self.dtype = dtype
+        if draft is not None and dtype != torch.float32:
+            draft = _own_copy(draft)  # the caller's network keeps its float32 weights
         self.draft = draft
         self.top_k, self.max_depth = int(branching), int(max_depth)
         self.max_nodes = int(max_nodes)
@@ -122,7 +237,7 @@ class EagleDrafter(Drafter):
                                                prompt_rows="all")
         draft = self.draft
         draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
-        draft.to(device=runner.device, dtype=torch.float32).eval()
+        draft.to(device=runner.device, dtype=self.dtype).eval()
         draft.bind_target(runner.model)
         self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
         # Weight-read share of one draft forward in a one-token target step (what a forward
@@ -138,13 +253,15 @@ class EagleDrafter(Drafter):
         self._propose_ms = None  # running mean of a whole propose
         self.device = runner.device
         self._linears = runner.linears(draft)
+        # The draft's forward pieces: the same bits in fewer calls where they fit.
+        self._layer = _FastDraftLayer(draft) if _FastDraftLayer.fits(draft) else draft
 
     def max_block_width(self) -> int:
         return self.max_nodes + 1
 
     def describe(self) -> dict:
         out = {"name": self.name, "branching": self.top_k, "max_depth": self.max_depth,
-               "max_nodes": self.max_nodes}
+               "max_nodes": self.max_nodes, "draft_dtype": str(self.dtype).removeprefix("torch.")}
         if self.draft is not None:
             c = self.draft.config
             out.update(draft_vocab=c.draft_vocab_size, capture_layers=list(c.capture_layers))
@@ -164,8 +281,8 @@ class EagleDrafter(Drafter):
         c = self.draft.config
         capacity = state.cache.capacity + 2 * self.max_depth * self.top_k + 2
         shape = (state.batch, c.num_kv_heads, capacity, c.head_dim)
-        self.keys = torch.zeros(shape, device=self.device)
-        self.values = torch.zeros(shape, device=self.device)
+        self.keys = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        self.values = torch.zeros(shape, device=self.device, dtype=self.dtype)
         self.lens = [0] * state.batch
         self._trees: list = []
         self._sampling = False
@@ -187,12 +304,12 @@ class EagleDrafter(Drafter):
         """One draft forward over ``[B, N]`` rows written at cache ``rows``; ``mask``
         ``[B, N, S]`` over the cache's first ``S`` rows. Returns the pre-norm outputs."""
         t0 = time.perf_counter()
-        draft = self.draft
-        q, k, v, residual = draft.project(hidden, tokens, positions)
+        layer = self._layer
+        q, k, v, residual = layer.project(hidden, tokens, positions)
         self._write(rows, k, v)
         width = mask.shape[-1]
-        attended = draft.attend(q, self.keys[:, :, :width], self.values[:, :, :width], mask)
-        out = draft.finish(residual, attended)
+        attended = self.draft.attend(q, self.keys[:, :, :width], self.values[:, :, :width], mask)
+        out = layer.finish(residual, attended)
         ms = (time.perf_counter() - t0) * 1e3
         self._draft_ms = ms if self._draft_ms is None else 0.9 * self._draft_ms + 0.1 * ms
         return out
@@ -204,7 +321,8 @@ class EagleDrafter(Drafter):
         width = max(counts)
         batch = state.batch
         if width == 0:
-            hidden = torch.zeros(batch, self.draft.config.hidden_size, device=self.device)
+            hidden = torch.zeros(batch, self.draft.config.hidden_size, device=self.device,
+                                 dtype=self.dtype)
             return hidden, [False] * batch
         for b in range(batch):
             if self.lens[b] + counts[b] != state.cache.host_lens[b]:
@@ -222,7 +340,7 @@ class EagleDrafter(Drafter):
         positions = starts[:, None] + cols
         span = max(self.lens) + width
         visible = torch.arange(span, device=self.device)[None, None, :] <= positions[:, :, None]
-        features = state.features[:, :width].to(torch.float32)
+        features = state.features[:, :width].to(self.dtype)
         out = self._run(self.draft.fuse(features), tokens, positions, positions, visible)
         self.lens = [n + c for n, c in zip(self.lens, counts)]
         last = torch.tensor([max(c - 1, 0) for c in counts], device=self.device)
@@ -261,7 +379,7 @@ class EagleDrafter(Drafter):
         root_out, has_root = self._catch_up(state)
         lens = torch.tensor(self.lens, device=device)
         base = max(self.lens)  # scratch rows of the tree start here (past every prefix)
-        ids, q, probs = self._children(draft.logits(root_out), sampling, temperature)
+        ids, q, probs = self._children(self._layer.logits(root_out), sampling, temperature)
         # Candidate nodes, per request, in creation order: token, parent candidate (-1: the
         # root), q given the parent, path score (summed log q), and the q rows they were
         # drawn from (one row per node that ran: the root's first).
@@ -302,7 +420,7 @@ class EagleDrafter(Drafter):
             visible_tree = torch.cat([torch.nn.functional.pad(visible_tree, (0, r)), own], 1)
             run_row.scatter_(1, run_nodes, run_rows + diagonal.expand(batch, r))
             run_rows += r
-            cids, cq, cprobs = self._children(draft.logits(out), sampling, temperature)
+            cids, cq, cprobs = self._children(self._layer.logits(out), sampling, temperature)
             parent_scores = depth_scores.gather(1, chosen)
             nodes["token"].append(cids.reshape(batch, r * k))
             nodes["parent"].append(run_nodes[..., None].expand(-1, -1, k).reshape(batch, r * k))

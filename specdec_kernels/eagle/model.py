@@ -185,14 +185,21 @@ def _inverse_frequencies(dim: int, theta: float, device) -> Tensor:
     return 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
 
 
+def rope_tables(positions: Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple:
+    """``cos``, ``sin`` ``[B, N, dim]`` of the rotary embedding at ``positions`` ``[B, N]``
+    (Llama's half-split convention), in ``dtype``."""
+    inv = _inverse_frequencies(dim, float(theta), positions.device)
+    angles = positions.to(torch.float32)[..., None] * inv  # [B, N, D/2]
+    emb = torch.cat([angles, angles], -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
     """Rotary embedding (Llama's half-split convention) of ``x`` ``[B, heads, N, D]`` at
     ``positions`` ``[B, N]``."""
     dim = x.shape[-1]
-    inv = _inverse_frequencies(dim, float(theta), x.device)
-    angles = positions.to(torch.float32)[..., None] * inv  # [B, N, D/2]
-    emb = torch.cat([angles, angles], -1)[:, None]  # [B, 1, N, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    cos, sin = rope_tables(positions, dim, theta, x.dtype)
+    cos, sin = cos[:, None], sin[:, None]  # [B, 1, N, D]
     half = dim // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
