@@ -355,6 +355,22 @@ def test_bfloat16_draft_keeps_the_output_and_the_callers_network(tiny):
         EagleDrafter(draft, draft_dtype="float16")
 
 
+def test_a_depth_is_expanded_only_when_it_pays_for_itself(tiny):
+    """The next depth's ``top_k`` best paths, each worth its probability times a one-token
+    step less one node's verification, must beat the measured cost of an expansion."""
+    drafter = EagleDrafter(random_draft(tiny), branching=2)
+    drafter._prior_step_ms, drafter._node_ms = 20.0, 0.5
+    paths = lambda *rows: torch.tensor(rows).log()  # noqa: E731
+    drafter._expand_ms = None  # nothing measured yet: expand
+    assert drafter._worth_expanding(paths([0.01, 0.01]))
+    drafter._expand_ms = 3.0
+    assert not drafter._worth_expanding(paths([0.09, 0.09, 0.05]))  # top 2: 2 x 1.3 = 2.6
+    assert drafter._worth_expanding(paths([0.11, 0.11, 0.0]))  # 2 x 1.7 = 3.4
+    assert not drafter._worth_expanding(paths([0.15, 0.02, 0.02]))  # 2.5 + 0 (not -0.1)
+    # A batch expands when one of its requests gains enough.
+    assert drafter._worth_expanding(paths([0.15, 0.02, 0.02], [0.2, 0.0, 0.0]))
+
+
 def test_fast_draft_layer_leaves_other_networks_alone(tiny):
     """EAGLE-1's network computes its own pieces: the drafter keeps the model's methods."""
     from specdec_kernels.decoding.eagle import _FastDraftLayer

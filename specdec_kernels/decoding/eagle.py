@@ -13,8 +13,10 @@ Each step:
    own ancestors) and get ``top_k`` children each; the rows written for them sit past the
    committed length and are never committed, so the next catch-up overwrites them (the
    rollback: after any rejection the cache equals a fresh prefill over the accepted context).
-   Expansion stops when the next depth's expected tokens are worth less than a draft forward
-   (both measured) or at ``max_depth``.
+   Expansion stops when the next depth's expected tokens, less the verification cost of the
+   nodes that carry them, are worth less than an expansion (all measured: the draft forward
+   with its head and bookkeeping, not the forward alone, which made the shipped drafter run
+   3.2 forwards a step where 2.1 gave the same tokens per step), or at ``max_depth``.
 3. **Budget.** Every node's chance of acceptance is its draft probability mapped through the
    *measured* acceptance of nodes of that probability and depth (running
    :class:`~specdec_kernels.decoding.budget.AcceptanceStats`, the draft's own probability as
@@ -250,7 +252,12 @@ class EagleDrafter(Drafter):
         self._forward_fraction = own / max(target - embed.numel(), 1)
         self._prior_step_ms = self.budget.step_cost(1)
         self._draft_ms = None  # running mean of one draft forward
+        self._expand_ms = None  # running mean of one depth's expansion (forward, head, bookkeeping)
+        # Verification cost of one more drafted node, on average over the largest tree.
+        self._node_ms = max(self.budget.step_cost(1 + self.max_nodes) - self._prior_step_ms,
+                            0.0) / self.max_nodes
         self._propose_ms = None  # running mean of a whole propose
+        self._counts = {"proposals": 0, "draft_forwards": 0, "tree_nodes": 0}
         self.device = runner.device
         self._linears = runner.linears(draft)
         # The draft's forward pieces: the same bits in fewer calls where they fit.
@@ -273,7 +280,14 @@ class EagleDrafter(Drafter):
     def report(self) -> dict:
         return {"acceptance": self.stats.table(),
                 "draft_forward_ms": None if self._draft_ms is None else round(self._draft_ms, 3),
-                "propose_ms": None if self._propose_ms is None else round(self._propose_ms, 3)}
+                "propose_ms": None if self._propose_ms is None else round(self._propose_ms, 3),
+                **self._per_proposal()}
+
+    def _per_proposal(self) -> dict:
+        """Draft forwards (the catch-up's included) and drafted nodes per request, per step."""
+        n = self._counts["proposals"]
+        return {f"{name}_per_step": round(self._counts[name] / n, 3) if n else None
+                for name in ("draft_forwards", "tree_nodes")}
 
     # ------------------------------------------------------------------ the draft's cache
 
@@ -304,6 +318,7 @@ class EagleDrafter(Drafter):
         """One draft forward over ``[B, N]`` rows written at cache ``rows``; ``mask``
         ``[B, N, S]`` over the cache's first ``S`` rows. Returns the pre-norm outputs."""
         t0 = time.perf_counter()
+        self._counts["draft_forwards"] += 1
         layer = self._layer
         q, k, v, residual = layer.project(hidden, tokens, positions)
         self._write(rows, k, v)
@@ -396,6 +411,7 @@ class EagleDrafter(Drafter):
             depth_scores = torch.cat(nodes["score"], 1).gather(1, frontier_index)
             if not self._worth_expanding(depth_scores):
                 break
+            t_depth = time.perf_counter()
             chosen = depth_scores.topk(min(k, depth_scores.shape[1]), -1).indices
             run_nodes = frontier_index.gather(1, chosen)  # [B, r] candidates that run now
             r = run_nodes.shape[1]
@@ -432,19 +448,26 @@ class EagleDrafter(Drafter):
             frontier_index = created + torch.arange(r * k, device=device).expand(batch, r * k)
             run_row = torch.nn.functional.pad(run_row, (0, r * k), value=-1)
             created += r * k
+            ms = (time.perf_counter() - t_depth) * 1e3
+            self._expand_ms = ms if self._expand_ms is None else 0.9 * self._expand_ms + 0.1 * ms
         proposal = self._select(state, nodes, has_root, sampling)
+        self._counts["proposals"] += 1
+        self._counts["tree_nodes"] += sum(len(tree) - 1 for tree in self._trees) / batch
         ms = (time.perf_counter() - t_start) * 1e3
         self._propose_ms = ms if self._propose_ms is None else 0.9 * self._propose_ms + 0.1 * ms
         return proposal
 
     def _worth_expanding(self, scores: Tensor) -> bool:
-        """Whether another depth is expected to pay for its draft forward: the ``top_k``
-        best paths' summed draft probability (expected extra tokens), valued at a one-token
-        step's measured cost, against the measured time of one draft forward."""
-        if self._draft_ms is None:
+        """Whether another depth is expected to pay for itself: each of the ``top_k`` best
+        paths' draft probability (its expected extra tokens; the shipped draft's is close to
+        its measured acceptance, bench/RESULTS.md) valued at a one-token step's measured cost,
+        less the verification cost of one more node, summed, against the measured time of
+        one expansion (the draft forward, its head and the tree's bookkeeping)."""
+        if self._expand_ms is None:
             return True
-        best = scores.topk(min(self.top_k, scores.shape[1]), -1).values.exp().sum(-1)
-        return float(best.max()) * self._prior_step_ms > self._draft_ms
+        best = scores.topk(min(self.top_k, scores.shape[1]), -1).values.exp()
+        gain = (best * self._prior_step_ms - self._node_ms).clamp(min=0).sum(-1)
+        return float(gain.max()) > self._expand_ms
 
     def _select(self, state: DecodeState, nodes: dict, has_root: list,
                 sampling: bool) -> TreeProposal:
