@@ -21,7 +21,7 @@ def step_split(loaded, prompts: list, drafter_name: str, **options) -> dict:
     """Totals over ``prompts`` decoded one at a time: seconds, prefill, drafter, steps, tokens."""
     drafter = make_drafter(drafter_name, **options)
     generate(loaded, prompts[:1], drafter=drafter, max_new_tokens=8)  # warm-up
-    total = dict(seconds=0.0, prefill=0.0, drafter=0.0, steps=0, new=0, nodes=0.0, forwards=0.0)
+    total = dict(seconds=0.0, prefill=0.0, drafter=0.0, steps=0, new=0)
     for prompt in prompts:
         stats = generate(loaded, [prompt], drafter=drafter, max_new_tokens=64).stats
         total["seconds"] += stats.seconds
@@ -29,11 +29,10 @@ def step_split(loaded, prompts: list, drafter_name: str, **options) -> dict:
         total["drafter"] += stats.drafter_seconds
         total["steps"] += stats.target_forwards
         total["new"] += stats.new_tokens
-        report = (drafter.report() if drafter is not None else None) or {}  # per run
-        for key, field in (("nodes", "tree_nodes_per_step"), ("forwards", "draft_forwards_per_step")):
-            total[key] += (report.get(field) or 0.0) * stats.target_forwards
+    report = (drafter.report() if drafter is not None else None) or {}  # the drafter's life
+    total["nodes"] = report.get("tree_nodes_per_step") or 0.0
+    total["forwards"] = report.get("draft_forwards_per_step") or 0.0
     return total
-
 
 
 def main(argv=None) -> None:
@@ -51,8 +50,7 @@ def main(argv=None) -> None:
         print(f"{name} {json.dumps(options)}: tau {t['new'] / t['steps']:.2f}, decode "
               f"{decode_ms:.1f} ms/step (drafter {drafter_ms:.1f}, the rest "
               f"{decode_ms - drafter_ms:.1f}), {t['new'] / t['seconds']:.1f} tokens/s, "
-              f"{t['nodes'] / t['steps']:.1f} drafted nodes and "
-              f"{t['forwards'] / t['steps']:.2f} draft forwards a step")
+              f"{t['nodes']:.1f} drafted nodes and {t['forwards']:.2f} draft forwards a step")
 
 
 if __name__ == "__main__":

@@ -371,6 +371,24 @@ def test_a_depth_is_expanded_only_when_it_pays_for_itself(tiny):
     assert drafter._worth_expanding(paths([0.15, 0.02, 0.02], [0.2, 0.0, 0.0]))
 
 
+def test_report_counts_forwards_and_nodes_per_step(tiny):
+    """The drafter reports its draft forwards (the catch-up's included) and drafted nodes per
+    step over its life, and the projection's draft cost uses the measured forwards."""
+    drafter = EagleDrafter(random_draft(tiny), max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    assert drafter.report()["draft_forwards_per_step"] is None
+    out = generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=6, eos_token_id=[])
+    report = drafter.report()
+    steps = out.stats.target_forwards
+    forwards = report["draft_forwards_per_step"]
+    assert 1.0 <= forwards <= drafter.max_depth
+    assert 0.0 <= report["tree_nodes_per_step"] <= 8
+    assert drafter._counts["draft_forwards"] >= drafter._counts["proposals"] == steps
+    described = drafter.describe()["head_cost_fraction"]
+    assert described == pytest.approx(forwards * drafter._forward_fraction, abs=1e-5)
+    generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=6, eos_token_id=[])
+    assert drafter._counts["proposals"] > steps  # counts carry over the drafter's runs
+
+
 def test_fast_draft_layer_leaves_other_networks_alone(tiny):
     """EAGLE-1's network computes its own pieces: the drafter keeps the model's methods."""
     from specdec_kernels.decoding.eagle import _FastDraftLayer

@@ -227,6 +227,11 @@ class EagleDrafter(Drafter):
         self.budget: TreeBudget | None = None
         self.stats = AcceptanceStats(prior_weight=4.0, max_depth=self.max_depth,
                                      max_rank=self.top_k)
+        # Over the drafter's life (every run it served): see report().
+        self._counts = {"proposals": 0, "draft_forwards": 0, "tree_nodes": 0}
+        self._draft_ms = None  # running mean of one draft forward
+        self._expand_ms = None  # running mean of one depth's expansion (forward, head, bookkeeping)
+        self._propose_ms = None  # running mean of a whole propose
         if draft is not None:
             self.target_features = FeatureSpec(draft.config.capture_layers, prompt_rows="all")
 
@@ -251,13 +256,9 @@ class EagleDrafter(Drafter):
             target += embed.numel()  # tied: the LM head reads the embedding matrix again
         self._forward_fraction = own / max(target - embed.numel(), 1)
         self._prior_step_ms = self.budget.step_cost(1)
-        self._draft_ms = None  # running mean of one draft forward
-        self._expand_ms = None  # running mean of one depth's expansion (forward, head, bookkeeping)
         # Verification cost of one more drafted node, on average over the largest tree.
         self._node_ms = max(self.budget.step_cost(1 + self.max_nodes) - self._prior_step_ms,
                             0.0) / self.max_nodes
-        self._propose_ms = None  # running mean of a whole propose
-        self._counts = {"proposals": 0, "draft_forwards": 0, "tree_nodes": 0}
         self.device = runner.device
         self._linears = runner.linears(draft)
         # The draft's forward pieces: the same bits in fewer calls where they fit.
@@ -273,8 +274,10 @@ class EagleDrafter(Drafter):
             c = self.draft.config
             out.update(draft_vocab=c.draft_vocab_size, capture_layers=list(c.capture_layers))
         if self.budget is not None:
-            # Draft cost per step as a share of c(1), at most max_depth forwards a step.
-            out["head_cost_fraction"] = round(self.max_depth * self._forward_fraction, 5)
+            # Draft cost per step as a share of c(1): the draft forwards a step measured so far
+            # (the catch-up's included), else the most a step can run.
+            forwards = self._per_proposal()["draft_forwards_per_step"] or self.max_depth
+            out["head_cost_fraction"] = round(forwards * self._forward_fraction, 5)
         return out
 
     def report(self) -> dict:
