@@ -383,6 +383,7 @@ def test_report_counts_forwards_and_nodes_per_step(tiny):
     assert 1.0 <= forwards <= drafter.max_depth
     assert 0.0 <= report["tree_nodes_per_step"] <= 8
     assert drafter._counts["draft_forwards"] >= drafter._counts["proposals"] == steps
+    assert out.stats.drafter == drafter.describe()  # the run's settings, stated at its end
     described = drafter.describe()["head_cost_fraction"]
     assert described == pytest.approx(forwards * drafter._forward_fraction, abs=1e-5)
     generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=6, eos_token_id=[])

@@ -471,7 +471,8 @@ class Drafter:
         return {}
 
     def describe(self) -> dict:
-        """Settings worth reporting next to the statistics."""
+        """Settings worth reporting next to the statistics (asked at the start of a run and
+        again at its end, where a setting may be stated from what the run measured)."""
         return {"name": self.name}
 
 

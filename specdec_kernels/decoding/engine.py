@@ -325,6 +325,8 @@ class Engine:
         gen.stats.requests = gen.requests
         gen.stats.seconds = time.perf_counter() - gen.t_start
         gen.stats.drafter_report = self.drafter.report()  # the drafter-statistics doorway
+        # Settings as they stood at the end: a drafter may state some from what it measured.
+        gen.stats.drafter = self.drafter.describe()
         self.drafter.finish()
         self.runner.release()
         return EngineOutput(gen.outputs, gen.reasons, gen.stats)

@@ -81,7 +81,7 @@ class RunStats:
     method : str
         The drafter's name (``"autoregressive"`` without one).
     drafter : dict
-        The drafter's settings.
+        The drafter's settings as :meth:`Drafter.describe` states them at the end of the run.
     batch_size : int
     seconds, prefill_seconds, drafter_seconds : float
         Wall time of the whole call (model loading excluded), of the prefill (target and
