@@ -390,6 +390,29 @@ def test_report_counts_forwards_and_nodes_per_step(tiny):
     assert drafter._counts["proposals"] > steps  # counts carry over the drafter's runs
 
 
+def test_eagle_from_a_folder_is_a_prophet_of_multi(tiny, tmp_path):
+    """A drafter learns its capture points when bound (EAGLE from its files): the merged
+    drafter asks for them then, drafts with EAGLE among its prophets, keeps the greedy output
+    (ragged batch), and refuses prophets that want different features once it knows."""
+    from specdec_kernels.decoding.multi import MultiDrafter
+    from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
+
+    folder = save_eagle(random_draft(tiny), tmp_path / "draft")
+    flat = {1: 1.0, 64: 1.0}
+    eagle = EagleDrafter(folder, max_nodes=8, cost_curve=flat)
+    assert eagle.target_features is None  # not known before its files are read
+    multi = MultiDrafter([PromptLookupDrafter(), eagle], cost_curve=flat, max_nodes=12)
+    prompts = [PROMPT, [5, 2, 9, 5, 2, 9]]
+    out = generate(tiny, prompts, drafter=multi, max_new_tokens=10, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=10, eos_token_id=[]).tokens
+    assert multi.target_features == FeatureSpec(CAPTURE, prompt_rows="all")
+    assert out.stats.drafter_report["prophets"]["eagle"]["nodes_proposed"] > 0
+    other = EagleDrafter(random_eagle(tiny, capture=(1, 2, 3)), cost_curve=flat)
+    both = MultiDrafter([EagleDrafter(folder, cost_curve=flat), other], cost_curve=flat)
+    with pytest.raises(ValueError, match="different target features"):
+        generate(tiny, prompts, drafter=both, max_new_tokens=2)
+
+
 def test_fast_draft_layer_leaves_other_networks_alone(tiny):
     """EAGLE-1's network computes its own pieces: the drafter keeps the model's methods."""
     from specdec_kernels.decoding.eagle import _FastDraftLayer

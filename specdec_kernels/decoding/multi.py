@@ -164,11 +164,8 @@ class MultiDrafter(Drafter):
         if not all(isinstance(d, Drafter) for d in drafters):
             raise ValueError("drafters: every entry must be a Drafter")
         check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
-        kinds = {d.target_features for d in drafters} - {None}
-        if len(kinds) > 1:
-            raise ValueError(f"drafters: they ask for different target features {sorted(kinds)}")
-        self.target_features = kinds.pop() if kinds else None
         self.drafters = drafters
+        self.target_features = self._merged_features()
         self.names = _unique_names([d.name for d in drafters])
         self.cost_curve = cost_curve
         self.max_nodes = max_nodes
@@ -228,9 +225,19 @@ class MultiDrafter(Drafter):
                                          draft_tokenizer=model.draft_tokenizer, **given))
         return cls(drafters, cost_curve=options.cost_curve, max_nodes=options.max_nodes)
 
+    def _merged_features(self):
+        """The one feature spec the prophets read (None: none reads any)."""
+        kinds = {d.target_features for d in self.drafters} - {None}
+        if len(kinds) > 1:
+            raise ValueError(f"drafters: they ask for different target features "
+                             f"{sorted(map(str, kinds))}")
+        return kinds.pop() if kinds else None
+
     def bind(self, runner, tokenizer) -> None:
         for d in self.drafters:
             d.bind(runner, tokenizer)
+        # Again once bound: a prophet may learn its capture points then (EAGLE from its files).
+        self.target_features = self._merged_features()
         self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
