@@ -155,6 +155,11 @@ class _FastDraftLayer:
         return self.draft.lm_head(self._norm(output, self.draft.norm))
 
 
+#: Least draft probability of a sampled row: every token stays drawable, so ``top_k`` draws
+#: without replacement always exist (the same row is the ``q`` verification uses).
+_MIN_Q = 1e-20
+
+
 def _own_copy(draft: EagleDraftModel) -> EagleDraftModel:
     """A copy of ``draft`` without the target's embedding it may have borrowed."""
     borrowed = draft.__dict__.pop("_borrowed_embedding", None)
@@ -368,18 +373,25 @@ class EagleDrafter(Drafter):
     # ------------------------------------------------------------------ proposing
 
     def _children(self, logits: Tensor, sampling: bool, temperature: Tensor):
-        """Top-k (greedy) or ``k`` independent draws (sampling) of each row's draft
-        distribution: ``(ids [.., k] full vocabulary, q of each [.., k], q rows [.., Vd])``."""
+        """Top-k (greedy) or ``k`` draws without replacement (sampling) of each row's draft
+        distribution: ``(ids [.., k] full vocabulary, q of each [.., k], q rows [.., Vd],
+        draft-vocabulary index of each [.., k])``. Drawn without replacement, siblings never
+        repeat a token (with replacement, at temperature 0.7 the kept siblings were often
+        copies, each a verified row with no chance once the first was rejected); sibling
+        ``r``'s distribution is then the row with siblings ``0..r-1`` removed, which is what
+        :meth:`_select` hands to verification."""
         if sampling:
             scaled = logits / temperature.view(-1, *([1] * (logits.dim() - 1)))
-            probs = torch.softmax(scaled.float(), -1)
+            probs = torch.softmax(scaled.float(), -1).clamp_min(_MIN_Q)  # >= k candidates
+            probs = probs / probs.sum(-1, keepdim=True)
             flat = probs.reshape(-1, probs.shape[-1])
-            draws = torch.multinomial(flat, self.top_k, replacement=True,
+            # In draw order (each from what the earlier draws left).
+            draws = torch.multinomial(flat, self.top_k, replacement=False,
                                       generator=self._generator).view(*probs.shape[:-1], -1)
         else:
             probs = torch.softmax(logits.float(), -1)
             draws = probs.topk(self.top_k, -1).indices
-        return self.draft.draft_ids[draws], probs.gather(-1, draws), probs
+        return self.draft.draft_ids[draws], probs.gather(-1, draws), probs, draws
 
     def propose(self, state: DecodeState) -> TreeProposal:
         with self._linears():  # the draft network on the target's kernels
@@ -397,12 +409,13 @@ class EagleDrafter(Drafter):
         root_out, has_root = self._catch_up(state)
         lens = torch.tensor(self.lens, device=device)
         base = max(self.lens)  # scratch rows of the tree start here (past every prefix)
-        ids, q, probs = self._children(self._layer.logits(root_out), sampling, temperature)
+        ids, q, probs, draws = self._children(self._layer.logits(root_out), sampling, temperature)
         # Candidate nodes, per request, in creation order: token, parent candidate (-1: the
         # root), q given the parent, path score (summed log q), and the q rows they were
         # drawn from (one row per node that ran: the root's first).
         nodes = {"token": [ids], "parent": [torch.full((batch, k), -1, device=device)],
-                 "q": [q], "depth": [1], "score": [q.log()], "qrows": [probs[:, None]]}
+                 "q": [q], "depth": [1], "score": [q.log()], "qrows": [probs[:, None]],
+                 "draw": [draws]}
         frontier_hidden = root_out[:, None].expand(batch, k, -1)
         frontier_index = torch.arange(k, device=device).expand(batch, k)  # nodes at depth 1
         created = k
@@ -439,7 +452,8 @@ class EagleDrafter(Drafter):
             visible_tree = torch.cat([torch.nn.functional.pad(visible_tree, (0, r)), own], 1)
             run_row.scatter_(1, run_nodes, run_rows + diagonal.expand(batch, r))
             run_rows += r
-            cids, cq, cprobs = self._children(self._layer.logits(out), sampling, temperature)
+            cids, cq, cprobs, cdraws = self._children(self._layer.logits(out), sampling,
+                                                      temperature)
             parent_scores = depth_scores.gather(1, chosen)
             nodes["token"].append(cids.reshape(batch, r * k))
             nodes["parent"].append(run_nodes[..., None].expand(-1, -1, k).reshape(batch, r * k))
@@ -447,6 +461,7 @@ class EagleDrafter(Drafter):
             nodes["depth"].append(depth + 1)
             nodes["score"].append((parent_scores[..., None] + cq.log()).reshape(batch, r * k))
             nodes["qrows"].append(cprobs)
+            nodes["draw"].append(cdraws.reshape(batch, r * k))
             frontier_hidden = out[:, :, None].expand(-1, -1, k, -1).reshape(batch, r * k, -1)
             frontier_index = created + torch.arange(r * k, device=device).expand(batch, r * k)
             run_row = torch.nn.functional.pad(run_row, (0, r * k), value=-1)
@@ -522,8 +537,10 @@ class EagleDrafter(Drafter):
         if sampling:
             vd = self.draft.config.draft_vocab_size
             rows_per_group = [t.reshape(batch, -1, vd) for t in nodes["qrows"]]
-            # q row of candidate j: its parent's distribution (one per run node).
+            # q row of candidate j: its parent's distribution (one per run node) less its
+            # earlier siblings' tokens (drawn without replacement, see _children).
             group_rows = torch.cat(rows_per_group, 1)
+            draws = torch.cat(nodes["draw"], 1).tolist()
             qrows = torch.zeros(batch, width, self.draft.config.vocab_size, device=device)
         depths_out = []
         for b in range(batch):
@@ -542,8 +559,12 @@ class EagleDrafter(Drafter):
                 out_parents[b, i] = index[max(parent, 0)]
                 tree.append((index[max(parent, 0)], tokens[b][j], labels[b][node]))
                 if sampling:
-                    group = self._group_of(j, counts)
-                    qrows[b, i, self.draft.draft_ids] = group_rows[b, group]
+                    row = group_rows[b, self._group_of(j, counts)]
+                    if ranks[j]:
+                        row = row.clone()
+                        row[draws[b][j - ranks[j] : j]] = 0.0
+                        row = row / row.sum()
+                    qrows[b, i, self.draft.draft_ids] = row
             self._trees.append(tree)
             depths_out.append(max((depths[n - 1] for n in order if n > 0), default=0))
         return TreeProposal(out_tokens.to(device), out_parents.to(device), depths_out,
