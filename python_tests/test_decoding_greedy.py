@@ -1,4 +1,4 @@
-"""Greedy losslessness on the default model (SmolLM2-135M-Instruct, fp32) on 20 dev prompts,
+"""Greedy losslessness on the default model (SmolLM2-135M-Instruct, fp32) on 12 dev prompts,
 one request at a time and in ragged batches of 4: with the package's batch-invariant CPU
 kernels (the default), every drafter reproduces the package's own autoregressive output token
 for token, and that equals Hugging Face ``generate`` except where two tokens nearly tie (then
@@ -28,13 +28,16 @@ pytestmark = pytest.mark.default_model
 
 NEW_TOKENS = 24
 BATCH = 4
+# 12 of the 20 test questions, one of every category but roleplay (mt_bench turns, translation,
+# summaries, qa, math, rag): three ragged batches of 4. All 20 made this file a quarter of CI's
+# test time.
+SUBSET = [0, 3, 4, 5, 7, 8, 9, 11, 14, 16, 17, 19]
 
 
 @pytest.fixture(scope="module")
 def prompts(loaded):
-    encoded = encode_prompts(loaded.tokenizer, dev_prompts())
-    assert len(encoded) >= 20
-    return encoded
+    questions = dev_prompts()
+    return encode_prompts(loaded.tokenizer, [questions[i] for i in SUBSET])
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +144,7 @@ def test_batch_4_matches_autoregressive_one_at_a_time(loaded, prompts, expected,
 
 def test_text_prompts_and_text_output(loaded, expected):
     """Text in, chat template applied, text out: the same tokens as the encoded prompts."""
-    out = generate(loaded, dev_prompts()[:2], max_new_tokens=NEW_TOKENS)
+    out = generate(loaded, [dev_prompts()[i] for i in SUBSET[:2]], max_new_tokens=NEW_TOKENS)
     assert out.tokens == expected[:2]
     assert out.text == [loaded.tokenizer.decode(t, skip_special_tokens=True) for t in expected[:2]]
 
