@@ -264,6 +264,29 @@ def test_sampling_follows_the_target_distribution():
     assert out.stats.tau > 1.05
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_sampled_siblings_are_sequential_draws_without_replacement(tiny, k):
+    """Sibling ``r`` is a draw from the row less siblings ``0..r-1``, renormalised: first
+    draws follow ``q``, second draws given the first follow ``q`` without it, and no row
+    repeats a token (what verification is told each sibling was drawn from)."""
+    drafter = EagleDrafter(random_draft(tiny), branching=k)
+    drafter._generator = torch.Generator().manual_seed(5)
+    vd = drafter.draft.draft_ids.numel()
+    logits = torch.full((vd,), -30.0)
+    logits[:5] = torch.tensor([2.0, 1.5, 1.0, 0.2, -0.5])  # 5 likely tokens, the rest ~0
+    n = 40000
+    _, q, rows, draws = drafter._children(logits.expand(n, vd), True, torch.ones(1))
+    p = rows[0, :5].double()
+    assert all(len(set(row)) == k for row in draws.tolist())
+    assert torch.equal(q[:, 0], rows[0][draws[:, 0]])
+    first = torch.bincount(draws[:, 0], minlength=vd)[:5].double() / n
+    assert torch.allclose(first, p, atol=0.01), (first, p)
+    given = draws[draws[:, 0] == 0, 1]  # second draws after token 0 came first
+    second = torch.bincount(given, minlength=vd)[:5].double() / len(given)
+    want = torch.cat([p.new_zeros(1), p[1:] / (1 - p[0])])
+    assert torch.allclose(second, want, atol=0.015), (second, want)
+
+
 # ---------------------------------------------------------------------------- files and checks
 
 

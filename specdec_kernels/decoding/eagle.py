@@ -25,10 +25,11 @@ Each step:
    measured drafting time.
 
 Greedy batches expand by the draft's argmax ranks. When any request samples, every node's
-children are drawn independently from the draft's ``q`` (temperature-scaled like the target)
-and handed to :func:`~specdec_kernels.ops.verify_tree` with ``q`` (lossless recursive rejection
-sampling); then which nodes are kept never depends on a node's own draw (only on its depth and
-sibling rank and on its ancestors), which keeps every sibling set an independent sample.
+children are drawn from the draft's ``q`` (temperature-scaled like the target) without
+replacement, and each is handed to :func:`~specdec_kernels.ops.verify_tree` with the
+distribution it was drawn from (lossless recursive rejection sampling); which nodes are kept
+never depends on a node's own draw (only on its depth and sibling rank and on its ancestors),
+which keeps every sibling set a sample of that process.
 """
 
 from __future__ import annotations
@@ -384,10 +385,11 @@ class EagleDrafter(Drafter):
             scaled = logits / temperature.view(-1, *([1] * (logits.dim() - 1)))
             probs = torch.softmax(scaled.float(), -1).clamp_min(_MIN_Q)  # >= k candidates
             probs = probs / probs.sum(-1, keepdim=True)
-            flat = probs.reshape(-1, probs.shape[-1])
-            # In draw order (each from what the earlier draws left).
-            draws = torch.multinomial(flat, self.top_k, replacement=False,
-                                      generator=self._generator).view(*probs.shape[:-1], -1)
+            # The exponential race: token i arrives at E_i / p_i (E_i ~ Exp(1)); the first k
+            # arrivals, in order, are k draws each from what the earlier ones left. (torch's
+            # multinomial without replacement took 0.8 ms a call here, a sixth of the drafter.)
+            arrival = torch.empty_like(probs).exponential_(generator=self._generator) / probs
+            draws = arrival.topk(self.top_k, -1, largest=False).indices
         else:
             probs = torch.softmax(logits.float(), -1)
             draws = probs.topk(self.top_k, -1).indices
@@ -505,6 +507,7 @@ class EagleDrafter(Drafter):
             count = min(2 * self.max_nodes, scores.shape[1])
             considered = [set(row) for row in scores.topk(count, -1).indices.tolist()]
         trees, labels = [], []
+        rates = {}  # per step: a node's rate depends only on its key
         for b in range(batch):
             limit = max(state.remaining[b] - 1, 0) if has_root[b] else 0
             # Candidate j becomes tree node j + 1 (the root is node 0).
@@ -521,7 +524,9 @@ class EagleDrafter(Drafter):
                 else:
                     key = (f"eagle:b{_bucket(qs[b][j])}", depth, 0)
                 label.append(key)
-                cond.append(self._rate(key, qs[b][j]))
+                if key not in rates:
+                    rates[key] = self._rate(key, qs[b][j])
+                cond.append(rates[key])
             probs = [1.0] * len(par)
             for j in range(1, len(par)):
                 probs[j] = probs[par[j]] * cond[j] if par[j] >= 0 else cond[j]
@@ -547,6 +552,7 @@ class EagleDrafter(Drafter):
             order = kept[b]
             index = {node: i for i, node in enumerate(order)}
             tree = []
+            at, groups, removed = [], [], ([], [])  # the kept nodes' q rows, built at once
             for i, node in enumerate(order):
                 if node == 0:
                     out_tokens[b, 0] = int(state.contexts[b][-1])
@@ -559,16 +565,30 @@ class EagleDrafter(Drafter):
                 out_parents[b, i] = index[max(parent, 0)]
                 tree.append((index[max(parent, 0)], tokens[b][j], labels[b][node]))
                 if sampling:
-                    row = group_rows[b, self._group_of(j, counts)]
-                    if ranks[j]:
-                        row = row.clone()
-                        row[draws[b][j - ranks[j] : j]] = 0.0
-                        row = row / row.sum()
-                    qrows[b, i, self.draft.draft_ids] = row
+                    for drawn in draws[b][j - ranks[j] : j]:  # earlier siblings' tokens
+                        removed[0].append(len(at))
+                        removed[1].append(drawn)
+                    at.append(i)
+                    groups.append(self._group_of(j, counts))
+            if at:
+                qrows[b, at] = self._sibling_rows(group_rows[b, groups], removed)
             self._trees.append(tree)
             depths_out.append(max((depths[n - 1] for n in order if n > 0), default=0))
         return TreeProposal(out_tokens.to(device), out_parents.to(device), depths_out,
                             probs=qrows)
+
+    def _sibling_rows(self, rows: Tensor, removed: tuple) -> Tensor:
+        """Full-vocabulary ``q`` rows ``[n, V]`` of ``n`` kept nodes from their parents' draft
+        rows ``[n, Vd]``: each less its earlier siblings' tokens (``removed``: row indices,
+        draft-vocabulary ids), renormalised; rows with nothing removed stay as drawn."""
+        if removed[0]:
+            rows[removed] = 0.0
+            renormalise = torch.zeros(rows.shape[0], dtype=torch.bool, device=rows.device)
+            renormalise[removed[0]] = True
+            rows = torch.where(renormalise[:, None], rows / rows.sum(-1, keepdim=True), rows)
+        full = rows.new_zeros(rows.shape[0], self.draft.config.vocab_size)
+        full[:, self.draft.draft_ids] = rows
+        return full
 
     def _group_of(self, j: int, counts: list) -> int:
         """Index of the distribution candidate ``j`` was drawn from (the root's is 0, then
