@@ -385,11 +385,12 @@ class EagleDrafter(Drafter):
             scaled = logits / temperature.view(-1, *([1] * (logits.dim() - 1)))
             probs = torch.softmax(scaled.float(), -1).clamp_min(_MIN_Q)  # >= k candidates
             probs = probs / probs.sum(-1, keepdim=True)
-            # The exponential race: token i arrives at E_i / p_i (E_i ~ Exp(1)); the first k
-            # arrivals, in order, are k draws each from what the earlier ones left. (torch's
-            # multinomial without replacement took 0.8 ms a call here, a sixth of the drafter.)
-            arrival = torch.empty_like(probs).exponential_(generator=self._generator) / probs
-            draws = arrival.topk(self.top_k, -1, largest=False).indices
+            # The exponential race: token i arrives at E_i / p_i (E_i = -log(1 - U_i) ~ Exp(1));
+            # the first k arrivals, in order, are k draws each from what the earlier ones left.
+            # (torch's multinomial without replacement took 0.54 ms for 3 rows of 4096 here,
+            # its exponential_ 0.45 ms; uniform draws and a log 0.17 ms.)
+            uniform = torch.rand(probs.shape, generator=self._generator, device=probs.device)
+            draws = uniform.neg_().log1p_().div_(probs).topk(self.top_k, -1).indices  # -E/p
         else:
             probs = torch.softmax(logits.float(), -1)
             draws = probs.topk(self.top_k, -1).indices
