@@ -27,8 +27,9 @@ Each step:
 Greedy batches expand by the draft's argmax ranks. When any request samples, every node's
 children are drawn from the draft's ``q`` (temperature-scaled like the target) without
 replacement, and each is handed to :func:`~specdec_kernels.ops.verify_tree` with the
-distribution it was drawn from (lossless recursive rejection sampling); which nodes are kept
-never depends on a node's own draw (only on its depth and sibling rank and on its ancestors),
+distribution it was drawn from (lossless recursive rejection sampling); which nodes run and
+which are kept never depends on a node's own draw (only on its depth and sibling rank and on
+its ancestors: paths are valued by the measured acceptance of sampled nodes, not by ``q``),
 which keeps every sibling set a sample of that process.
 """
 
@@ -414,11 +415,12 @@ class EagleDrafter(Drafter):
         base = max(self.lens)  # scratch rows of the tree start here (past every prefix)
         ids, q, probs, draws = self._children(self._layer.logits(root_out), sampling, temperature)
         # Candidate nodes, per request, in creation order: token, parent candidate (-1: the
-        # root), q given the parent, path score (summed log q), and the q rows they were
-        # drawn from (one row per node that ran: the root's first).
+        # root), q given the parent, path score (summed log chance of acceptance, see
+        # _log_rates), and the q rows they were drawn from (one row per node that ran: the
+        # root's first).
         nodes = {"token": [ids], "parent": [torch.full((batch, k), -1, device=device)],
-                 "q": [q], "depth": [1], "score": [q.log()], "qrows": [probs[:, None]],
-                 "draw": [draws]}
+                 "q": [q], "depth": [1], "score": [self._log_rates(1, q, sampling)],
+                 "qrows": [probs[:, None]], "draw": [draws]}
         frontier_hidden = root_out[:, None].expand(batch, k, -1)
         frontier_index = torch.arange(k, device=device).expand(batch, k)  # nodes at depth 1
         created = k
@@ -462,7 +464,8 @@ class EagleDrafter(Drafter):
             nodes["parent"].append(run_nodes[..., None].expand(-1, -1, k).reshape(batch, r * k))
             nodes["q"].append(cq.reshape(batch, r * k))
             nodes["depth"].append(depth + 1)
-            nodes["score"].append((parent_scores[..., None] + cq.log()).reshape(batch, r * k))
+            scores = parent_scores[..., None] + self._log_rates(depth + 1, cq, sampling)
+            nodes["score"].append(scores.reshape(batch, r * k))
             nodes["qrows"].append(cprobs)
             nodes["draw"].append(cdraws.reshape(batch, r * k))
             frontier_hidden = out[:, :, None].expand(-1, -1, k, -1).reshape(batch, r * k, -1)
@@ -478,10 +481,22 @@ class EagleDrafter(Drafter):
         self._propose_ms = ms if self._propose_ms is None else 0.9 * self._propose_ms + 0.1 * ms
         return proposal
 
+    def _log_rates(self, depth: int, q: Tensor, sampling: bool) -> Tensor:
+        """Log chance that nodes at ``depth`` are accepted given their parent, shaped as ``q``
+        (their draft probabilities, siblings by rank along the last dimension). Greedy: ``q``
+        itself (measured close to the acceptance, bench/RESULTS.md). Sampled: the measured
+        acceptance of sampled nodes of that depth and rank. A sampled token is accepted with
+        ``min(1, p/q)``, so its own ``q`` says little (at temperature 0.7, valuing depths by
+        it ran 2.9 draft forwards a step where 1.9 gave the same tokens per step)."""
+        if not sampling:
+            return q.log()
+        rates = [self._rate(("eagle-sampled", depth, rank), 0.0) for rank in range(q.shape[-1])]
+        return torch.tensor(rates, device=q.device).log().expand_as(q)
+
     def _worth_expanding(self, scores: Tensor) -> bool:
         """Whether another depth is expected to pay for itself: each of the ``top_k`` best
-        paths' draft probability (its expected extra tokens; the shipped draft's is close to
-        its measured acceptance, bench/RESULTS.md) valued at a one-token step's measured cost,
+        paths' chance of acceptance (its expected extra tokens, :meth:`_log_rates`) valued at a
+        one-token step's measured cost,
         less the verification cost of one more node, summed, against the measured time of
         one expansion (the draft forward, its head and the tree's bookkeeping)."""
         if self._expand_ms is None:
