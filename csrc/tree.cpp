@@ -155,22 +155,35 @@ SPECDEC_CLONES void softmax_key_major(float* __restrict scores, int64_t keys,
     }
 }
 
-// acc[r, :] += p[s, r] * v[s, :] for every key s in order (keys a row does not see add nothing).
+// acc[r, :] += p[s, r] * v[s, :] for every key s in order (keys a row does not see add nothing);
+// `head_dim` dims of each value row from `values`, acc rows `acc_stride` apart (a caller may
+// pass a slice of the head dims: every element's sum is the same operations either way).
 SPECDEC_CLONES void accumulate_values(const float* __restrict probs, const float* __restrict values,
                                       int64_t value_stride, int64_t keys, int64_t rows,
-                                      int64_t head_dim, float* __restrict acc) {
+                                      int64_t head_dim, int64_t acc_stride, float* __restrict acc) {
   for (int64_t s = 0; s < keys; ++s) {
     const float* v = values + s * value_stride;
     for (int64_t r = 0; r < rows; ++r) {
       const float p = probs[s * kRows + r];
       if (p == 0.0f) continue;
-      float* a = acc + r * head_dim;
+      float* a = acc + r * acc_stride;
       for (int64_t d = 0; d < head_dim; ++d) a[d] = add_rn(a[d], mul_rn(p, v[d]));
     }
   }
 }
 
 #if SPECDEC_X86
+// The K/V rows this many keys ahead (8 KB of a 64-dim head) are requested while a key is used:
+// with the hardware prefetcher alone, 2k-key caches were read at 7-10 GB/s on a 2-core Xeon,
+// a third of what the linears' prefetched weight stream reaches (bench.attention_prefix: 8 keys
+// ahead gained nothing measurable, 32 about a fifth).
+constexpr int64_t kPrefetchKeys = 32;
+
+// Requests the 64-byte lines of `floats` floats from `row` (a hint: never faults).
+inline void prefetch_row(const float* row, int64_t floats) {
+  for (int64_t i = 0; i < floats; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
 // AVX-512 forms of the three steps. Scores and the value sums use FMAs (results differ from the
 // portable loops, and the scores from the AVX2 ones, by rounding, like the dot tiles; see
 // cpu_simd.h); the softmax is bit-identical.
@@ -189,6 +202,7 @@ SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t s = 0; s < keys; ++s) {
     const float* key = k + s * k_stride;
+    prefetch_row(key + kPrefetchKeys * k_stride, C * 16);
     __m512 acc[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 4
     for (int j = 0; j < C; ++j) {
@@ -281,7 +295,8 @@ SPECDEC_TARGET_AVX512 void softmax_key_major_avx512(float* scores, int64_t keys,
 // of accumulators at a time; keys none of the 4 rows sees are skipped.
 SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const float* values,
                                                     int64_t value_stride, int64_t keys,
-                                                    int64_t rows, int64_t head_dim, float* acc) {
+                                                    int64_t rows, int64_t head_dim,
+                                                    int64_t acc_stride, float* acc) {
   constexpr int kRowBlock = 4, kDimVectors = 4;
   for (int64_t d0 = 0; d0 < head_dim; d0 += 16 * kDimVectors) {
     __mmask16 masks[kDimVectors];
@@ -297,6 +312,7 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
         const __m128 p = _mm_loadu_ps(probs + s * kRows + r0);  // rows past `rows` are 0
         if (_mm_movemask_ps(_mm_cmpneq_ps(p, _mm_setzero_ps())) == 0) continue;
         const float* v = values + s * value_stride + d0;
+        prefetch_row(v + kPrefetchKeys * value_stride, std::min<int64_t>(64, head_dim - d0));
         __m512 vv[kDimVectors];
 #pragma GCC unroll 4
         for (int j = 0; j < kDimVectors; ++j) vv[j] = _mm512_maskz_loadu_ps(masks[j], v + 16 * j);
@@ -309,7 +325,7 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
       }
       for (int i = 0; i < kRowBlock && r0 + i < rows; ++i)
         for (int j = 0; j < kDimVectors; ++j)
-          _mm512_mask_storeu_ps(acc + (r0 + i) * head_dim + d0 + 16 * j, masks[j], a[i][j]);
+          _mm512_mask_storeu_ps(acc + (r0 + i) * acc_stride + d0 + 16 * j, masks[j], a[i][j]);
     }
   }
 }
@@ -335,6 +351,7 @@ SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k
 #pragma GCC unroll 2
       for (int v = 0; v < RV; ++v) acc[i][v] = _mm256_setzero_ps();
     const float* key = k + s * k_stride;
+    for (int i = 0; i < kKeys; ++i) prefetch_row(key + (kPrefetchKeys + i) * k_stride, head_dim);
     for (int64_t d = 0; d < head_dim; ++d) {
       __m256 qd[RV];
 #pragma GCC unroll 2
@@ -392,7 +409,7 @@ SPECDEC_TARGET_AVX2 void softmax_key_major_avx2(float* scores, int64_t keys, flo
 // value vector in the 16 registers.
 SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float* values,
                                                 int64_t value_stride, int64_t keys, int64_t rows,
-                                                int64_t head_dim, float* acc) {
+                                                int64_t head_dim, int64_t acc_stride, float* acc) {
   constexpr int kRowBlock = 3, kDimVectors = 4;
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t d0 = 0; d0 < head_dim; d0 += 8 * kDimVectors) {
@@ -408,6 +425,8 @@ SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float*
         for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm256_setzero_ps();
       const int live = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
       for (int64_t s = 0; s < keys; ++s) {
+        prefetch_row(values + (s + kPrefetchKeys) * value_stride + d0,
+                     std::min<int64_t>(8 * kDimVectors, head_dim - d0));
         float p[kRowBlock] = {};
         bool seen = false;
         for (int i = 0; i < live; ++i) {
@@ -430,7 +449,7 @@ SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float*
       }
       for (int i = 0; i < live; ++i)
         for (int j = 0; j < kDimVectors; ++j)
-          _mm256_maskstore_ps(acc + (r0 + i) * head_dim + d0 + 8 * j, masks[j], a[i][j]);
+          _mm256_maskstore_ps(acc + (r0 + i) * acc_stride + d0 + 8 * j, masks[j], a[i][j]);
     }
   }
 }
@@ -484,12 +503,37 @@ inline int64_t last_visible_node(const int32_t* row, int64_t words) {
   return -1;
 }
 
+// One task of tree attention: up to kRows (token, query head) rows of one KV head of one
+// request, and what its three stages (scores, softmax, value sums) share.
+struct AttentionTask {
+  int64_t b = 0, h = 0, i0 = 0, rows = 0, cache_len = 0, keys = 0;
+  int64_t k_stride = 0, v_stride = 0;
+  const float* k_rows = nullptr;
+  const float* v_rows = nullptr;
+  const int32_t* row_mask[kRows] = {};
+  std::vector<float> q_rows, scores, acc, k_buf, v_buf;
+  float row_sum[kRows] = {};
+};
+
+// Keys per piece of a task's scores and 32 head dims per piece of its value sums, when a step
+// has fewer tasks than threads to keep busy (decoding one token: one task per KV head).
+constexpr int64_t kKeyPiece = 256;
+constexpr int64_t kDimPiece = 32;
+
 // Batch-invariant tree attention. Each row's output depends only on its own query, the keys and
 // values it sees and their order: scores are fixed-order dot products (cpu_dot.h), the softmax
 // takes the exact maximum and sums exp(s - max) in key order, the values are accumulated in key
 // order, and unseen keys contribute exact zeros (or are skipped). So a token's output is
 // bit-identical whether it is verified in a tree of T tokens, alone, or decoded one at a time
 // after its ancestors were committed (then at other cache rows, but in the same order).
+//
+// The work is scheduled in one of two ways that compute every element with the same operations
+// in the same order, so they give the same bits: one parallel task per row block (many rows:
+// trees, prefill), or, when there are fewer tasks than twice the threads and long prefixes
+// (decoding a token: 3 tasks on the default model), the scores split by keys and the value sums
+// by head dims over the threads: a score is one key's dot product, and a value sum element is
+// one (row, dim)'s chain over the keys, so neither depends on the split. (One task per KV head
+// left a thread idle a third of the time and read the cache at 7-8 GB/s on a 2-core Xeon.)
 template <typename scalar_t, typename index_t>
 void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& cache_lens,
@@ -499,6 +543,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t head_dim = s.head_dim;
   const int64_t total_rows = s.tokens * group;
   const int64_t row_blocks = ceil_div(total_rows, kRows);
+  const int64_t num_tasks = s.batch * s.kv_heads * row_blocks;
   const scalar_t* q_ptr = q.const_data_ptr<scalar_t>();
   const scalar_t* k_ptr = k_cache.const_data_ptr<scalar_t>();
   const scalar_t* v_ptr = v_cache.const_data_ptr<scalar_t>();
@@ -513,85 +558,150 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const bool avx512 = SPECDEC_X86 && level >= simd::kAvx512;
   const bool vector = SPECDEC_X86 && level >= simd::kAvx2;
 
-  at::parallel_for(0, s.batch * s.kv_heads * row_blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> q_rows(kRows * head_dim), q_t(kRows * head_dim), acc(kRows * head_dim);
-    std::vector<float> scores, k_buf, v_buf;
-    float row_sum[kRows];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task % row_blocks;
-      const int64_t h = (task / row_blocks) % s.kv_heads;
-      const int64_t b = task / (row_blocks * s.kv_heads);
-      const int64_t i0 = block * kRows;
-      const int64_t rows = std::min(kRows, total_rows - i0);
-      const int64_t cache_len = lens[b];
-      // Row r is tree token (i0 + r) / group, query head h * group + (i0 + r) % group.
-      const int32_t* row_mask[kRows];
-      int64_t last_node = -1;
-      std::fill(q_rows.begin(), q_rows.end(), 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = (i0 + r) / group, g = (i0 + r) % group;
-        const scalar_t* src = q_ptr + b * qs[0] + t * qs[1] + (h * group + g) * qs[2];
-        for (int64_t d = 0; d < head_dim; ++d)
-          q_rows[r * head_dim + d] = mul_rn(static_cast<float>(src[d]), scale);
-        row_mask[r] = mask + (b * s.tokens + t) * s.words;
-        last_node = std::max(last_node, last_visible_node(row_mask[r], s.words));
-      }
-      const int64_t keys = cache_len + last_node + 1;
-      if (keys > 0) {
-        int64_t k_stride = 0, v_stride = 0;
-        const float* k_rows = float_rows(k_ptr + b * ks[0] + h * ks[1], ks[2], keys, head_dim, k_buf, k_stride);
-        const float* v_rows = float_rows(v_ptr + b * vs[0] + h * vs[1], vs[2], keys, head_dim, v_buf, v_stride);
-        // scores[key, r] = (scaled q_r) . k_key, key-major; then the tree mask.
-        scores.resize(keys * kRows);
-        if (vector) {
-          score_rows_vector(avx512, q_rows.data(), q_t.data(), head_dim, k_rows, k_stride, keys,
-                            rows, scores.data());
-        } else {
-          for (int64_t r0 = 0; r0 < rows; r0 += tiles.weight_tile) {
-            const int nr = static_cast<int>(std::min<int64_t>(tiles.weight_tile, rows - r0));
-            for (int64_t k0 = 0; k0 < keys; k0 += tiles.row_tile) {
-              const int mr = static_cast<int>(std::min<int64_t>(tiles.row_tile, keys - k0));
-              tiles.table[mr - 1][nr - 1](k_rows + k0 * k_stride, k_stride,
-                                          q_rows.data() + r0 * head_dim, head_dim, head_dim,
-                                          nullptr, scores.data() + k0 * kRows + r0, kRows,
-                                          nullptr, 0);
-            }
-          }
+  // The task's scaled query rows, masks, key count and float32 K/V rows; scores sized.
+  auto prepare = [&](int64_t task, AttentionTask& t) {
+    t.i0 = (task % row_blocks) * kRows;
+    t.h = (task / row_blocks) % s.kv_heads;
+    t.b = task / (row_blocks * s.kv_heads);
+    t.rows = std::min(kRows, total_rows - t.i0);
+    t.cache_len = lens[t.b];
+    t.q_rows.assign(kRows * head_dim, 0.0f);
+    // Row r is tree token (i0 + r) / group, query head h * group + (i0 + r) % group.
+    int64_t last_node = -1;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const int64_t tok = (t.i0 + r) / group, g = (t.i0 + r) % group;
+      const scalar_t* src = q_ptr + t.b * qs[0] + tok * qs[1] + (t.h * group + g) * qs[2];
+      for (int64_t d = 0; d < head_dim; ++d)
+        t.q_rows[r * head_dim + d] = mul_rn(static_cast<float>(src[d]), scale);
+      t.row_mask[r] = mask + (t.b * s.tokens + tok) * s.words;
+      last_node = std::max(last_node, last_visible_node(t.row_mask[r], s.words));
+    }
+    t.keys = t.cache_len + last_node + 1;
+    if (t.keys > 0) {
+      t.k_rows = float_rows(k_ptr + t.b * ks[0] + t.h * ks[1], ks[2], t.keys, head_dim, t.k_buf, t.k_stride);
+      t.v_rows = float_rows(v_ptr + t.b * vs[0] + t.h * vs[1], vs[2], t.keys, head_dim, t.v_buf, t.v_stride);
+      t.scores.resize(t.keys * kRows);
+    }
+  };
+
+  // scores[key, r] = (scaled q_r) . k_key for keys [k0, k1), key-major; then the tree mask.
+  auto score_keys = [&](AttentionTask& t, int64_t k0, int64_t k1, std::vector<float>& q_t) {
+    float* scores = t.scores.data();
+    const float* k_rows = t.k_rows + k0 * t.k_stride;
+    if (vector) {
+      score_rows_vector(avx512, t.q_rows.data(), q_t.data(), head_dim, k_rows, t.k_stride,
+                        k1 - k0, t.rows, scores + k0 * kRows);
+    } else {
+      for (int64_t r0 = 0; r0 < t.rows; r0 += tiles.weight_tile) {
+        const int nr = static_cast<int>(std::min<int64_t>(tiles.weight_tile, t.rows - r0));
+        for (int64_t key = k0; key < k1; key += tiles.row_tile) {
+          const int mr = static_cast<int>(std::min<int64_t>(tiles.row_tile, k1 - key));
+          tiles.table[mr - 1][nr - 1](t.k_rows + key * t.k_stride, t.k_stride,
+                                      t.q_rows.data() + r0 * head_dim, head_dim, head_dim,
+                                      nullptr, scores + key * kRows + r0, kRows, nullptr, 0);
         }
-        constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-        for (int64_t key = cache_len; key < keys; ++key)
-          for (int64_t r = 0; r < kRows; ++r)
-            if (r >= rows || !tree_mask_bit(row_mask[r], key - cache_len)) scores[key * kRows + r] = kNegInf;
-        for (int64_t r = rows; r < kRows; ++r)
-          for (int64_t key = 0; key < cache_len; ++key) scores[key * kRows + r] = kNegInf;
-        std::fill(acc.begin(), acc.end(), 0.0f);
+      }
+    }
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int64_t key = std::max(k0, t.cache_len); key < k1; ++key)
+      for (int64_t r = 0; r < kRows; ++r)
+        if (r >= t.rows || !tree_mask_bit(t.row_mask[r], key - t.cache_len)) scores[key * kRows + r] = kNegInf;
+    for (int64_t r = t.rows; r < kRows; ++r)
+      for (int64_t key = k0; key < std::min(k1, t.cache_len); ++key) scores[key * kRows + r] = kNegInf;
+  };
+
+  // Scores become exp(s - max) in place; row_sum their sums in key order.
+  auto softmax = [&](AttentionTask& t) {
+    if (t.keys == 0) {
+      std::fill(t.row_sum, t.row_sum + kRows, 0.0f);
+      return;
+    }
 #if SPECDEC_X86
-        if (avx512) {
-          softmax_key_major_avx512(scores.data(), keys, row_sum);
-          accumulate_values_avx512(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
-        } else if (vector) {
-          if (rows <= 8) {
-            softmax_key_major_avx2<1>(scores.data(), keys, row_sum);
-          } else {
-            softmax_key_major_avx2<2>(scores.data(), keys, row_sum);
-          }
-          accumulate_values_avx2(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
-        } else
-#endif
-        {
-          softmax_key_major(scores.data(), keys, row_sum);
-          accumulate_values(scores.data(), v_rows, v_stride, keys, rows, head_dim, acc.data());
-        }
+    if (avx512) {
+      softmax_key_major_avx512(t.scores.data(), t.keys, t.row_sum);
+      return;
+    }
+    if (vector) {
+      if (t.rows <= 8) {
+        softmax_key_major_avx2<1>(t.scores.data(), t.keys, t.row_sum);
       } else {
-        std::fill(row_sum, row_sum + kRows, 0.0f);
+        softmax_key_major_avx2<2>(t.scores.data(), t.keys, t.row_sum);
       }
-      // Rows that saw no key at all (an empty mask row over an empty prefix) are zero.
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = (i0 + r) / group, g = (i0 + r) % group;
-        scalar_t* dst = out_ptr + ((b * s.tokens + t) * s.q_heads + h * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d)
-          dst[d] = static_cast<scalar_t>(row_sum[r] > 0.f ? div_rn(acc[r * head_dim + d], row_sum[r]) : 0.f);
+      return;
+    }
+#endif
+    softmax_key_major(t.scores.data(), t.keys, t.row_sum);
+  };
+
+  // Value sums of head dims [d0, d1) (acc, row stride head_dim), then those dims of the output.
+  // Rows that saw no key at all (an empty mask row over an empty prefix) are zero.
+  auto sum_values = [&](AttentionTask& t, int64_t d0, int64_t d1) {
+    float* acc = t.acc.data() + d0;
+    if (t.keys > 0) {
+      const float* v = t.v_rows + d0;
+#if SPECDEC_X86
+      if (avx512) {
+        accumulate_values_avx512(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
+      } else if (vector) {
+        accumulate_values_avx2(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
+      } else
+#endif
+      {
+        accumulate_values(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       }
+    }
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const int64_t tok = (t.i0 + r) / group, g = (t.i0 + r) % group;
+      scalar_t* dst = out_ptr + ((t.b * s.tokens + tok) * s.q_heads + t.h * group + g) * head_dim;
+      for (int64_t d = d0; d < d1; ++d)
+        dst[d] = static_cast<scalar_t>(t.row_sum[r] > 0.f ? div_rn(t.acc[r * head_dim + d], t.row_sum[r]) : 0.f);
+    }
+  };
+
+  const int64_t threads = at::get_num_threads();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < s.batch; ++b) longest = std::max<int64_t>(longest, lens[b]);
+  const bool float_cache = std::is_same_v<scalar_t, float>;  // the others convert per task
+  if (!(float_cache && threads > 1 && num_tasks < 2 * threads && longest >= 2 * kKeyPiece)) {
+    at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+      AttentionTask t;
+      std::vector<float> q_t(kRows * head_dim);
+      for (int64_t task = begin; task < end; ++task) {
+        prepare(task, t);
+        if (t.keys > 0) score_keys(t, 0, t.keys, q_t);
+        softmax(t);
+        t.acc.assign(kRows * head_dim, 0.0f);
+        sum_values(t, 0, head_dim);
+      }
+    });
+    return;
+  }
+  // Few tasks: every stage split over the threads (the same operations, see above).
+  std::vector<AttentionTask> tasks(num_tasks);
+  std::vector<std::pair<int64_t, int64_t>> key_pieces;  // (task, first key)
+  for (int64_t task = 0; task < num_tasks; ++task) {
+    prepare(task, tasks[task]);
+    for (int64_t k0 = 0; k0 < tasks[task].keys; k0 += kKeyPiece) key_pieces.emplace_back(task, k0);
+  }
+  at::parallel_for(0, static_cast<int64_t>(key_pieces.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q_t(kRows * head_dim);
+    for (int64_t i = begin; i < end; ++i) {
+      AttentionTask& t = tasks[key_pieces[i].first];
+      const int64_t k0 = key_pieces[i].second;
+      score_keys(t, k0, std::min(k0 + kKeyPiece, t.keys), q_t);
+    }
+  });
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      softmax(tasks[task]);
+      tasks[task].acc.assign(kRows * head_dim, 0.0f);
+    }
+  });
+  const int64_t dim_pieces = ceil_div(head_dim, kDimPiece);
+  at::parallel_for(0, num_tasks * dim_pieces, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t d0 = (i % dim_pieces) * kDimPiece;
+      sum_values(tasks[i / dim_pieces], d0, std::min(d0 + kDimPiece, head_dim));
     }
   });
 }

@@ -401,29 +401,39 @@ def test_rejects_mixed_devices():
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("heads", [(4, 4, 16), (9, 3, 64), (12, 2, 80), (32, 1, 8)])
-def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, gen):
+@pytest.mark.parametrize("heads,prefix", [
+    ((4, 4, 16), 37), ((9, 3, 64), 37), ((12, 2, 80), 37), ((32, 1, 8), 37),
+    # Long prefixes: a token alone is few tasks, so the kernel splits keys and head dims over
+    # the threads (float32), while the tree's many rows run one task per row block.
+    ((9, 3, 64), 1031), ((12, 2, 80), 777), ((2, 1, 36), 600),
+])
+def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, prefix, gen):
     """On CPU, each tree node's output is bit-identical to decoding that token alone once its
     ancestors are committed right after the prefix (as the engine's cache holds them)."""
     q_heads, kv_heads, head_dim = heads
-    prefix, nodes = 37, 21
+    nodes = 21
     parents = random_parents(nodes, gen)
     masks = reference.build_tree_masks(torch.tensor([parents]), torch.tensor([prefix]))
     to = lambda t: t.to(dtype)  # noqa: E731
     q = to(torch.randn(1, nodes, q_heads, head_dim, generator=gen))
     k = to(torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen))
     v = to(torch.randn(1, kv_heads, prefix + nodes, head_dim, generator=gen))
-    tree_out = ops.tree_attention(q, k, v, torch.tensor([prefix]), masks.packed_mask)
-    root_only = torch.ones(1, 1, 1, dtype=torch.int32)
-    for j in range(nodes):
-        path = [j]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        rows = torch.tensor([prefix + n for n in reversed(path)])  # ancestors, then j
-        keep = torch.cat([torch.arange(prefix), rows])
-        alone = ops.tree_attention(q[:, j : j + 1], k[:, :, keep], v[:, :, keep],
-                                   torch.tensor([prefix + len(path) - 1]), root_only)
-        assert torch.equal(alone[0, 0], tree_out[0, j]), j
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # the split schedule needs threads to split over
+    try:
+        tree_out = ops.tree_attention(q, k, v, torch.tensor([prefix]), masks.packed_mask)
+        root_only = torch.ones(1, 1, 1, dtype=torch.int32)
+        for j in range(nodes):
+            path = [j]
+            while parents[path[-1]] >= 0:
+                path.append(parents[path[-1]])
+            rows = torch.tensor([prefix + n for n in reversed(path)])  # ancestors, then j
+            keep = torch.cat([torch.arange(prefix), rows])
+            alone = ops.tree_attention(q[:, j : j + 1], k[:, :, keep], v[:, :, keep],
+                                       torch.tensor([prefix + len(path) - 1]), root_only)
+            assert torch.equal(alone[0, 0], tree_out[0, j]), j
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_cpu_vector_paths_agree(gen):
