@@ -533,7 +533,7 @@ constexpr int64_t kDimPiece = 32;
 // (decoding a token: 3 tasks on the default model), the scores split by keys and the value sums
 // by head dims over the threads: a score is one key's dot product, and a value sum element is
 // one (row, dim)'s chain over the keys, so neither depends on the split. (One task per KV head
-// left a thread idle a third of the time and read the cache at 7-8 GB/s on a 2-core Xeon.)
+// leaves a thread idle a third of the time on 2 threads.)
 template <typename scalar_t, typename index_t>
 void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& cache_lens,

@@ -416,7 +416,7 @@ def test_report_counts_forwards_and_nodes_per_step(tiny):
 def test_eagle_from_a_folder_is_a_prophet_of_multi(tiny, tmp_path):
     """A drafter learns its capture points when bound (EAGLE from its files): the merged
     drafter asks for them then, drafts with EAGLE among its prophets, keeps the greedy output
-    (ragged batch), and refuses prophets that want different features once it knows."""
+    (ragged batch), and merges prophets that want different features once it knows."""
     from specdec_kernels.decoding.multi import MultiDrafter
     from specdec_kernels.decoding.prompt_lookup import PromptLookupDrafter
 
@@ -432,8 +432,59 @@ def test_eagle_from_a_folder_is_a_prophet_of_multi(tiny, tmp_path):
     assert out.stats.drafter_report["prophets"]["eagle"]["nodes_proposed"] > 0
     other = EagleDrafter(random_eagle(tiny, capture=(1, 2, 3)), cost_curve=flat)
     both = MultiDrafter([EagleDrafter(folder, cost_curve=flat), other], cost_curve=flat)
-    with pytest.raises(ValueError, match="different target features"):
-        generate(tiny, prompts, drafter=both, max_new_tokens=2)
+    out = generate(tiny, prompts, drafter=both, max_new_tokens=10, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=10, eos_token_id=[]).tokens
+    assert both.target_features == FeatureSpec((0, 1, 2, 3), prompt_rows="all")
+
+
+def _medusa_and_eagle(tiny, flat):
+    from specdec_kernels.decoding.medusa import MedusaDrafter
+    from specdec_kernels.decoding.multi import MultiDrafter
+    from python_tests.decoding_helpers import random_heads
+
+    hidden = tiny.config.hidden_size
+    medusa = MedusaDrafter(random_heads(hidden, tiny.config.vocab_size, 2, 1, seed=3),
+                           tree=[(0,), (1,), (0, 0)])
+    eagle = EagleDrafter(random_eagle(tiny, capture=(2, 3, 0)), max_nodes=6, cost_curve=flat)
+    return MultiDrafter([medusa, eagle], cost_curve=flat, max_nodes=10)
+
+
+def test_medusa_and_eagle_prophets_read_their_own_features(tiny):
+    """Medusa (the final norm, the last prompt row) and EAGLE (three decoder layers, every
+    prompt row) in one merged drafter: the engine captures the union, once, and each prophet
+    is handed its own points' columns in its own order; Medusa the last valid prompt row
+    only until the first step's rows arrive."""
+    from specdec_kernels.decoding.drafter import DecodeState
+    from specdec_kernels.decoding.runner import ModelRunner
+
+    multi = _medusa_and_eagle(tiny, {1: 1.0, 64: 1.0})
+    multi.bind(ModelRunner(tiny), None)
+    assert multi.target_features == FeatureSpec(("final_norm", 2, 3, 0), prompt_rows="all")
+    batch, rows, hidden = 2, 5, tiny.config.hidden_size
+    merged = torch.randn(batch, rows, 4, hidden)
+    counts = torch.tensor([5, 3])
+    state = DecodeState(None, None, [[1], [2]], torch.tensor([1, 2]), None, None,
+                        torch.zeros(2), True, [4, 4], merged.flatten(-2), counts)
+    multi._prompt_features = True
+    medusa, eagle = multi._view(0, state), multi._view(1, state)
+    assert torch.equal(medusa.features, merged[[0, 1], [4, 2], None, 0])
+    assert medusa.feature_counts.tolist() == [1, 1]
+    assert torch.equal(eagle.features, merged[:, :, 1:].flatten(-2))
+    assert eagle.feature_counts is counts
+    multi._prompt_features = False  # a step's accepted rows: every prophet sees them all
+    assert torch.equal(multi._view(0, state).features, merged[:, :, 0])
+    assert multi._view(0, state).feature_counts is counts
+
+
+def test_medusa_and_eagle_merged_keep_the_greedy_output(tiny):
+    """Greedy output of the merged Medusa + EAGLE drafter is the plain loop's (ragged batch),
+    and both prophets' nodes are verified."""
+    multi = _medusa_and_eagle(tiny, {1: 1.0, 64: 1.0})
+    prompts = [PROMPT, [5, 2, 9, 5, 2, 9], [7]]
+    out = generate(tiny, prompts, drafter=multi, max_new_tokens=12, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=12, eos_token_id=[]).tokens
+    prophets = out.stats.drafter_report["prophets"]
+    assert prophets["medusa"]["nodes_verified"] > 0 and prophets["eagle"]["nodes_verified"] > 0
 
 
 def test_fast_draft_layer_leaves_other_networks_alone(tiny):

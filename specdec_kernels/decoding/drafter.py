@@ -38,7 +38,9 @@ sit in :attr:`DecodeState.features` (``[B, R, W]``, ``W`` = points x hidden size
 :attr:`DecodeState.feature_counts` (``[B]``, valid rows per request); row ``j`` of a request
 belongs to the token at position ``starts_before + j`` of its context (its logits predict the
 token after it). :meth:`DecodeState.last_features` gives the row whose logits produced each
-request's pending token. Drafters that do not ask pay nothing.
+request's pending token. Drafters that do not ask pay nothing. Prophets of the merged drafter
+(:class:`~specdec_kernels.decoding.multi.MultiDrafter`) may ask for different points: the
+engine captures their union once, and each prophet is handed its own points' columns.
 
 **Acceptance rule** (:attr:`Proposal.acceptance`). A proposal is a block, the same for chains
 and trees (:meth:`Proposal.block`: the tokens, pending token first, and their parents, ``-2`` on

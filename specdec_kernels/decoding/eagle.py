@@ -496,9 +496,9 @@ class EagleDrafter(Drafter):
     def _worth_expanding(self, scores: Tensor) -> bool:
         """Whether another depth is expected to pay for itself: each of the ``top_k`` best
         paths' chance of acceptance (its expected extra tokens, :meth:`_log_rates`) valued at a
-        one-token step's measured cost,
-        less the verification cost of one more node, summed, against the measured time of
-        one expansion (the draft forward, its head and the tree's bookkeeping)."""
+        one-token step's measured cost, less the verification cost of one more node, summed,
+        against the measured time of one expansion (the draft forward, its head and the tree's
+        bookkeeping)."""
         if self._expand_ms is None:
             return True
         best = scores.topk(min(self.top_k, scores.shape[1]), -1).values.exp()

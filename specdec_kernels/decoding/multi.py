@@ -55,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import torch
+
 from specdec_kernels.decoding.acceptance import LOSSLESS
 from specdec_kernels.decoding.budget import (
     AcceptanceStats,
@@ -73,6 +75,7 @@ from specdec_kernels.decoding.drafter import (
     TreeProposal,
     check_size,
 )
+from specdec_kernels.decoding.runner import FeatureSpec
 
 __all__ = ["MAX_PAUSE_STEPS", "PAUSE_STEPS", "MultiDrafter", "ProphetPause"]
 
@@ -152,7 +155,13 @@ class MultiDrafter(Drafter):
     Raises
     ------
     ValueError
-        An empty drafter list, drafters asking for different target features, or bad sizes.
+        An empty drafter list or bad sizes.
+
+    Prophets that read different target features (Medusa heads the final norm, EAGLE three
+    decoder layers) share one merged request: every capture point any of them names, every
+    prompt row if any keeps its own cache over them; each is handed only its own points'
+    columns, and a prophet that asked for the last prompt row gets only that row until the
+    first step's features arrive (:meth:`_view`).
     """
 
     name = "multi"
@@ -165,6 +174,8 @@ class MultiDrafter(Drafter):
             raise ValueError("drafters: every entry must be a Drafter")
         check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         self.drafters = drafters
+        self._columns: list = []  # per prophet: None (the merged features as they are) or
+        self._prompt_features = False  # (its points, its prompt rows); prefill's rows held
         self.target_features = self._merged_features()
         self.names = _unique_names([d.name for d in drafters])
         self.cost_curve = cost_curve
@@ -225,19 +236,51 @@ class MultiDrafter(Drafter):
                                          draft_tokenizer=model.draft_tokenizer, **given))
         return cls(drafters, cost_curve=options.cost_curve, max_nodes=options.max_nodes)
 
-    def _merged_features(self):
-        """The one feature spec the prophets read (None: none reads any)."""
-        kinds = {d.target_features for d in self.drafters} - {None}
-        if len(kinds) > 1:
-            raise ValueError(f"drafters: they ask for different target features "
-                             f"{sorted(map(str, kinds))}")
-        return kinds.pop() if kinds else None
+    def _merged_features(self, num_layers: int | None = None) -> FeatureSpec | None:
+        """The one feature spec the engine captures for all prophets (None: none reads any):
+        their capture points in order of first mention (layer indices made non-negative once
+        the target's ``num_layers`` is known), every prompt row if any prophet asks for them.
+        Sets, per prophet, which of its points' columns it reads (:meth:`_view`)."""
+        specs = [FeatureSpec.of(d.target_features) for d in self.drafters]
+        points, own = [], []
+        for spec in specs:
+            layers = None
+            if spec is not None:
+                layers = spec.resolve(num_layers) if num_layers is not None else spec.layers
+                points += [p for p in layers if p not in points]
+            own.append(layers)
+        if not points:
+            self._columns = [None] * len(specs)
+            return None
+        rows = "all" if any(s is not None and s.prompt_rows == "all" for s in specs) else "last"
+        self._columns = [
+            None if layers is None or (list(layers) == points and spec.prompt_rows == rows)
+            else ([points.index(p) for p in layers], spec.prompt_rows)
+            for spec, layers in zip(specs, own)
+        ]
+        return FeatureSpec(tuple(points), prompt_rows=rows)
+
+    def _view(self, i: int, state: DecodeState) -> DecodeState:
+        """``state`` as prophet ``i`` asked for it: the columns of its own capture points of
+        the merged features, and while they are the prefill's, only each request's last
+        prompt row if it asked for that (the doorway's contract, see drafter.py)."""
+        wanted = self._columns[i] if i < len(self._columns) else None
+        if wanted is None or state.features is None:
+            return state
+        points, prompt_rows = wanted
+        merged = self.target_features
+        features = state.features.unflatten(-1, (len(merged.layers), -1))[:, :, points]
+        features, counts = features.flatten(-2), state.feature_counts
+        if self._prompt_features and prompt_rows == "last" and merged.prompt_rows == "all":
+            index = (counts - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, features.shape[-1])
+            features, counts = features.gather(1, index), torch.ones_like(counts)
+        return dataclasses.replace(state, features=features, feature_counts=counts)
 
     def bind(self, runner, tokenizer) -> None:
         for d in self.drafters:
             d.bind(runner, tokenizer)
         # Again once bound: a prophet may learn its capture points then (EAGLE from its files).
-        self.target_features = self._merged_features()
+        self.target_features = self._merged_features(runner.num_layers)
         self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
 
     def max_block_width(self) -> int:
@@ -253,8 +296,9 @@ class MultiDrafter(Drafter):
         }
 
     def start(self, state: DecodeState) -> None:
-        for d in self.drafters:
-            d.start(state)
+        self._prompt_features = True  # the prefill's rows, until the first step's
+        for i, d in enumerate(self.drafters):
+            d.start(self._view(i, state))
         self.stats = AcceptanceStats(priors=self.priors)
         self._judge = OutcomeJudge(state.batch)
         self._totals = {n: {"proposed": 0, "verified": 0, "accepted": 0, "sole": 0}
@@ -272,14 +316,14 @@ class MultiDrafter(Drafter):
         candidates = [CandidateTree(r) for r in roots]
         maps = [{} for _ in range(batch)]  # per request: prophet -> set of trie nodes
         self._proposed = {}
-        for name, drafter in zip(self.names, self.drafters):
+        for i, (name, drafter) in enumerate(zip(self.names, self.drafters)):
             pause = self._pauses.get(name)
             if pause is not None and not pause.proposes():
                 for b in range(batch):
                     maps[b][name] = set()
                 continue
             began = time.perf_counter()
-            proposal = drafter.propose(state)
+            proposal = drafter.propose(self._view(i, state))
             self._proposed[name] = time.perf_counter() - began
             for b, (tokens, parents) in enumerate(_host_trees(proposal, state.pending)):
                 where = candidates[b].add_tree(
@@ -302,6 +346,7 @@ class MultiDrafter(Drafter):
         )
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        self._prompt_features = False  # the step's accepted rows now
         per_prophet = {n: [] for n in self.names}
         credit = dict.fromkeys(self.names, 0.0)  # accepted drafts, shared ones split
         for b, cand in enumerate(self._candidates):
@@ -326,10 +371,11 @@ class MultiDrafter(Drafter):
         self._judge.add(
             state.contexts, outcome.previous_starts, self._candidates, self.stats
         )
-        for name, drafter in zip(self.names, self.drafters):
+        for i, (name, drafter) in enumerate(zip(self.names, self.drafters)):
             if name not in self._proposed:
                 continue  # paused this step: its accept is skipped with its propose
-            drafter.accept(state, dataclasses.replace(outcome, num_accepted=per_prophet[name]))
+            drafter.accept(self._view(i, state),
+                           dataclasses.replace(outcome, num_accepted=per_prophet[name]))
             pause = self._pauses.get(name)
             if pause is not None:
                 pause.record(credit[name] * self._token_ms / 1e3, self._proposed[name])
