@@ -157,6 +157,8 @@ class MultiDrafter(Drafter):
     ValueError
         An empty drafter list or bad sizes.
 
+    Notes
+    -----
     Prophets that read different target features (Medusa heads the final norm, EAGLE three
     decoder layers) share one merged request: every capture point any of them names, every
     prompt row if any keeps its own cache over them; each is handed only its own points'
@@ -174,8 +176,10 @@ class MultiDrafter(Drafter):
             raise ValueError("drafters: every entry must be a Drafter")
         check_size("max_nodes", max_nodes, 1, MAX_BLOCK_WIDTH - 1, BLOCK_LIMIT_REASON)
         self.drafters = drafters
-        self._columns: list = []  # per prophet: None (the merged features as they are) or
-        self._prompt_features = False  # (its points, its prompt rows); prefill's rows held
+        # Per prophet: None (it reads the merged features as they are, or reads none), or
+        # (its points' indices among the merged points, its prompt rows): _merged_features.
+        self._columns: list = []
+        self._prompt_features = False  # state.features holds the prefill's rows
         self.target_features = self._merged_features()
         self.names = _unique_names([d.name for d in drafters])
         self.cost_curve = cost_curve
