@@ -268,7 +268,7 @@ class MultiDrafter(Drafter):
         """``state`` as prophet ``i`` asked for it: the columns of its own capture points of
         the merged features, and while they are the prefill's, only each request's last
         prompt row if it asked for that (the doorway's contract, see drafter.py)."""
-        wanted = self._columns[i] if i < len(self._columns) else None
+        wanted = self._columns[i]
         if wanted is None or state.features is None:
             return state
         points, prompt_rows = wanted
