@@ -6,6 +6,10 @@
 // order) and the chunk sums are added in chunk order, so a row's sums do not depend on how its
 // chunks are spread over threads. They are double sums of float32 terms, as on CUDA and in the
 // reference; only the order of additions differs between the three.
+//
+// Passes that compute raw weights over a row take the row's bf16 weight table (core/sampling.h;
+// nullptr for other rows): a lookup replaces the exp where the table holds the logit's bits,
+// with the same result bits.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -13,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -77,16 +82,41 @@ Scan copy_scan_portable(const T* x, float* out, int64_t begin, int64_t end, floa
   return scan_portable(out, begin, end);
 }
 
+// The bf16 bits of a float32 that holds a widened bf16 value.
+inline uint32_t bf16_bits_of(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits >> 16;
+}
+
+// specdec_exp(a) for a = (l - M) * invT: from the row's weight table when it holds l's bits.
+inline float raw_weight_portable(float l, float a, const float* table) {
+  if (table != nullptr) {
+    const int k = weight_table_index(bf16_bits_of(l));
+    if (k >= 0) return table[k];
+  }
+  return specdec_exp(a);
+}
+
+inline void weight_table_portable(float max_logit, float inv_temperature, float* table) {
+  for (int k = 0; k < 2 * kWeightTableSpan; ++k) {
+    const uint32_t bits = weight_table_bits(k) << 16;
+    float l;
+    std::memcpy(&l, &bits, sizeof(l));
+    table[k] = specdec_exp(mul_rn(sub_rn(l, max_logit), inv_temperature));
+  }
+}
+
 // Sum of the weights w = specdec_exp((l - M) * invT) >= min_weight over [begin, end); with
 // `entropy`, also the sum of w * (l - M) * invT (typical acceptance). Eight double partials,
 // combined in a fixed order.
 inline void exp_sum_portable(const float* l, int64_t begin, int64_t end, float max_logit,
-                             float inv_temperature, float min_weight, double* sum,
-                             double* entropy) {
+                             float inv_temperature, float min_weight, const float* table,
+                             double* sum, double* entropy) {
   double part[8] = {}, ent[8] = {};
   for (int64_t i = begin; i < end; ++i) {
     const float a = mul_rn(sub_rn(l[i], max_logit), inv_temperature);
-    const float raw = specdec_exp(a);
+    const float raw = raw_weight_portable(l[i], a, table);
     const float w = raw >= min_weight ? raw : 0.0f;
     part[(i - begin) & 7] += w;
     if (entropy != nullptr && w > 0.0f) ent[(i - begin) & 7] += mul_rn(w, a);
@@ -97,8 +127,11 @@ inline void exp_sum_portable(const float* l, int64_t begin, int64_t end, float m
 }
 
 inline void write_probs_portable(const float* l, int64_t begin, int64_t end, const RowFilter& f,
-                                 float* out) {
-  for (int64_t x = begin; x < end; ++x) out[x] = f.prob(l[x]);
+                                 const float* table, float* out) {
+  for (int64_t x = begin; x < end; ++x) {
+    const float a = mul_rn(sub_rn(l[x], f.max_logit), f.inv_temperature);
+    out[x] = div_rn(f.kept_weight(l[x], raw_weight_portable(l[x], a, table)), f.total);
+  }
 }
 
 inline int64_t gather_portable(const float* l, int64_t begin, int64_t end, float floor_value,
@@ -201,6 +234,33 @@ SPECDEC_TARGET_AVX512 Scan copy_scan_avx512(const T* x, float* out, int64_t begi
   return lanes.finish(begin);
 }
 
+// Raw weights of 16 lanes given a = (v - M) * invT: looked up in the row's weight table
+// where it holds v's bf16 bits (table non-null), computed elsewhere; the same bits either way.
+SPECDEC_TARGET_AVX512 inline __m512 raw_weights16(__m512 v, __m512 a, const float* table) {
+  if (table == nullptr) return simd::exp16(a);
+  const __m512i bits = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
+  const __m512i d = _mm512_sub_epi32(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFF)),
+                                     _mm512_set1_epi32(kWeightTableLow));
+  const __mmask16 held = _mm512_cmplt_epu32_mask(d, _mm512_set1_epi32(kWeightTableSpan));
+  const __m512i index =
+      _mm512_add_epi32(d, _mm512_slli_epi32(_mm512_srli_epi32(bits, 15), kWeightTableSignShift));
+  const __m512 looked = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), held, index, table, 4);
+  if (held == 0xFFFF) return looked;
+  return _mm512_mask_blend_ps(held, simd::exp16(a), looked);
+}
+
+SPECDEC_TARGET_AVX512 inline void weight_table_avx512(float max_logit, float inv_temperature,
+                                                      float* table) {
+  const __m512 m = _mm512_set1_ps(max_logit);
+  const __m512 inv_t = _mm512_set1_ps(inv_temperature);
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int k = 0; k < 2 * kWeightTableSpan; k += 16) {  // a half is a multiple of 16
+    const __m512i bits = _mm512_add_epi32(_mm512_set1_epi32(weight_table_bits(k)), lane);
+    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+    _mm512_storeu_ps(table + k, simd::exp16(_mm512_mul_ps(_mm512_sub_ps(v, m), inv_t)));
+  }
+}
+
 // Adds the 16 float lanes to two double accumulators (8 lanes each).
 SPECDEC_TARGET_AVX512 inline void add_wide(__m512 v, __m512d& lo, __m512d& hi) {
   lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
@@ -216,7 +276,8 @@ SPECDEC_TARGET_AVX512 inline double finish_wide(__m512d lo, __m512d hi) {
 
 SPECDEC_TARGET_AVX512 inline void exp_sum_avx512(const float* l, int64_t begin, int64_t end,
                                                  float max_logit, float inv_temperature,
-                                                 float min_weight, double* sum, double* entropy) {
+                                                 float min_weight, const float* table,
+                                                 double* sum, double* entropy) {
   const __m512 floor_w = _mm512_set1_ps(min_weight);
   const __m512 m = _mm512_set1_ps(max_logit);
   const __m512 inv_t = _mm512_set1_ps(inv_temperature);
@@ -225,8 +286,9 @@ SPECDEC_TARGET_AVX512 inline void exp_sum_avx512(const float* l, int64_t begin, 
   __m512d e_lo = _mm512_setzero_pd(), e_hi = _mm512_setzero_pd();
   for (int64_t i = begin; i < end; i += 16) {
     const __mmask16 k = tail_mask(end - i);
-    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_mask_loadu_ps(neg_inf, k, l + i), m), inv_t);
-    const __m512 raw = simd::exp16(a);  // 0 on masked-off lanes (-inf)
+    const __m512 v = _mm512_mask_loadu_ps(neg_inf, k, l + i);
+    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(v, m), inv_t);
+    const __m512 raw = raw_weights16(v, a, table);  // 0 on masked-off lanes (-inf)
     const __m512 w = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(raw, floor_w, _CMP_GE_OQ), raw);
     add_wide(w, s_lo, s_hi);
     if (entropy != nullptr) {
@@ -249,7 +311,8 @@ SPECDEC_TARGET_AVX512 inline __m512i float_keys(__m512 v) {
 }
 
 SPECDEC_TARGET_AVX512 inline void write_probs_avx512(const float* l, int64_t begin, int64_t end,
-                                                     const RowFilter& f, float* out) {
+                                                     const RowFilter& f, const float* table,
+                                                     float* out) {
   const __m512 m = _mm512_set1_ps(f.max_logit);
   const __m512 inv_t = _mm512_set1_ps(f.inv_temperature);
   const __m512 floor_w = _mm512_set1_ps(f.min_weight);
@@ -258,7 +321,7 @@ SPECDEC_TARGET_AVX512 inline void write_probs_avx512(const float* l, int64_t beg
   for (int64_t i = begin; i < end; i += 16) {
     const __mmask16 k = tail_mask(end - i);
     const __m512 v = _mm512_maskz_loadu_ps(k, l + i);
-    const __m512 raw = simd::exp16(_mm512_mul_ps(_mm512_sub_ps(v, m), inv_t));
+    const __m512 raw = raw_weights16(v, _mm512_mul_ps(_mm512_sub_ps(v, m), inv_t), table);
     const __mmask16 kept = _mm512_cmp_ps_mask(raw, floor_w, _CMP_GE_OQ) &
                            _mm512_cmp_epu32_mask(float_keys(v), min_key, _MM_CMPINT_NLT);
     _mm512_mask_storeu_ps(out + i, k, _mm512_div_ps(_mm512_maskz_mov_ps(kept, raw), total));
@@ -335,90 +398,71 @@ SPECDEC_TARGET_AVX2 inline __m256 load8_tail(const float* p, int64_t left, __m25
   return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, _mm256_castps_si256(keep)), keep);
 }
 
-// ScanLanes on 8 lanes; the flags are all-ones lanes.
-struct ScanLanes8 {
-  __m256 best;
-  __m256i best_index;
-  __m256i index;
-  __m256 bad, finite;
-
-  SPECDEC_TARGET_AVX2 explicit ScanLanes8(int64_t begin)
-      : best(_mm256_set1_ps(-std::numeric_limits<float>::infinity())),
-        best_index(_mm256_setzero_si256()),
-        index(_mm256_add_epi32(_mm256_set1_epi32(static_cast<int32_t>(begin)),
-                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))),
-        bad(_mm256_setzero_ps()),
-        finite(_mm256_setzero_ps()) {}
-
-  SPECDEC_TARGET_AVX2 inline void add(__m256 v) {
-    const __m256 float_max = _mm256_set1_ps(kFloatMax);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, float_max, _CMP_NLE_UQ));  // NaN or +Inf
-    finite = _mm256_or_ps(finite, _mm256_and_ps(_mm256_cmp_ps(v, float_max, _CMP_LE_OQ),
-                                                 _mm256_cmp_ps(v, _mm256_set1_ps(-kFloatMax), _CMP_GE_OQ)));
-    const __m256 greater = _mm256_cmp_ps(v, best, _CMP_GT_OQ);  // first occurrence per lane
-    best = _mm256_blendv_ps(best, v, greater);
-    best_index = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_index),
-                                                      _mm256_castsi256_ps(index), greater));
-    index = _mm256_add_epi32(index, _mm256_set1_epi32(8));
-  }
-
-  SPECDEC_TARGET_AVX2 inline Scan finish(int64_t begin) const {
-    alignas(32) float lane_best[8];
-    alignas(32) int32_t lane_index[8];
-    _mm256_store_ps(lane_best, best);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lane_index), best_index);
-    Scan s;
-    s.bad = _mm256_movemask_ps(bad) != 0;
-    s.finite = _mm256_movemask_ps(finite) != 0;
-    s.argmax = begin;
-    for (int l = 0; l < 8; ++l) s.max = lane_best[l] > s.max ? lane_best[l] : s.max;
-    if (s.finite) {
-      int64_t first = std::numeric_limits<int64_t>::max();
-      for (int l = 0; l < 8; ++l)
-        if (lane_best[l] == s.max && lane_index[l] < first) first = lane_index[l];
-      s.argmax = first;
+// The scans on 8 lanes go by blocks of kBlock values and keep, per block, only its maximum and
+// a NaN flag (4 vector operations per 8 values, where tracking each lane's argmax took 10);
+// the first block that holds the row's maximum is then searched for its first index. A row
+// with NaN or +Inf (an error) is scanned again by the portable code for its exact flags.
+template <typename T>
+SPECDEC_TARGET_AVX2 Scan block_scan_avx2(const T* x, float* out, int64_t begin, int64_t end,
+                                         float* block_max) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m256 nan = _mm256_setzero_ps();
+  bool nan_in_tail = false;
+  float best = neg_inf;
+  int64_t best_block = begin;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t block_end = std::min(end, b + kBlock);
+    __m256 lanes = _mm256_set1_ps(neg_inf);
+    int64_t i = b;
+    for (; i + 8 <= block_end; i += 8) {
+      const __m256 v = load8_f32(x + i);
+      if (out != nullptr) _mm256_storeu_ps(out + i, v);
+      lanes = _mm256_max_ps(v, lanes);  // a NaN lane leaves the maximum as it was
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     }
-    return s;
+    alignas(32) float lane_max[8];
+    _mm256_store_ps(lane_max, lanes);
+    float m = neg_inf;
+    for (int l = 0; l < 8; ++l) m = lane_max[l] > m ? lane_max[l] : m;
+    for (; i < block_end; ++i) {  // the row's last few values
+      const float v = static_cast<float>(x[i]);
+      if (out != nullptr) out[i] = v;
+      nan_in_tail = nan_in_tail || v != v;
+      m = v > m ? v : m;
+    }
+    if (block_max != nullptr) block_max[b / kBlock] = m;
+    if (m > best) {
+      best = m;
+      best_block = b;
+    }
   }
-};
+  if (nan_in_tail || _mm256_movemask_ps(nan) != 0 || best > kFloatMax)
+    return scan_portable(x, begin, end);
+  Scan s;
+  s.argmax = begin;
+  s.finite = best >= -kFloatMax;
+  if (!s.finite) return s;  // every value -inf
+  const int64_t block_end = std::min(end, best_block + kBlock);
+  for (int64_t i = best_block; i < block_end; ++i) {
+    const float v = static_cast<float>(x[i]);
+    if (v == best) {
+      s.argmax = i;
+      s.max = v;
+      break;
+    }
+  }
+  return s;
+}
 
 template <typename T>
 SPECDEC_TARGET_AVX2 Scan scan_avx2(const T* x, int64_t begin, int64_t end) {
-  ScanLanes8 lanes(begin);
-  int64_t i = begin;
-  for (; i + 8 <= end; i += 8) lanes.add(load8_f32(x + i));
-  Scan s = lanes.finish(begin);
-  if (i < end) s.merge(scan_portable(x, i, end));
-  return s;
+  return block_scan_avx2(x, nullptr, begin, end, nullptr);
 }
 
 template <typename T>
 SPECDEC_TARGET_AVX2 Scan copy_scan_avx2(const T* x, float* out, int64_t begin, int64_t end,
                                         float* block_max) {
-  ScanLanes8 lanes(begin);
-  int64_t i = begin;
-  for (int64_t b = begin; b < end; b += kBlock) {
-    const int64_t block_end = std::min(end, b + kBlock);
-    __m256 block = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    for (; i + 8 <= block_end; i += 8) {
-      const __m256 v = load8_f32(x + i);
-      _mm256_storeu_ps(out + i, v);
-      block = _mm256_max_ps(v, block);
-      lanes.add(v);
-    }
-    alignas(32) float lane_max[8];
-    _mm256_store_ps(lane_max, block);
-    float m = -std::numeric_limits<float>::infinity();
-    for (int l = 0; l < 8; ++l) m = lane_max[l] > m ? lane_max[l] : m;
-    for (int64_t t = i; t < block_end; ++t) {  // the row's last few values
-      out[t] = static_cast<float>(x[t]);
-      m = out[t] > m ? out[t] : m;
-    }
-    block_max[b / kBlock] = m;
-  }
-  Scan s = lanes.finish(begin);
-  if (i < end) s.merge(scan_portable(out, i, end));
-  return s;
+  return block_scan_avx2(x, out, begin, end, block_max);
 }
 
 // The eight lane partials (lanes 0-3 in lo, 4-7 in hi) combined as exp_sum_portable does.
@@ -429,6 +473,33 @@ SPECDEC_TARGET_AVX2 inline double finish_partials(__m256d lo, __m256d hi) {
   return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
+// raw_weights16 on 8 lanes.
+SPECDEC_TARGET_AVX2 inline __m256 raw_weights8(__m256 v, __m256 a, const float* table) {
+  if (table == nullptr) return simd::exp8(a);
+  const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+  const __m256i d = _mm256_sub_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF)),
+                                     _mm256_set1_epi32(kWeightTableLow));
+  const __m256i last = _mm256_set1_epi32(kWeightTableSpan - 1);
+  const __m256 held = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(d, last), last));
+  const __m256i index =
+      _mm256_add_epi32(d, _mm256_slli_epi32(_mm256_srli_epi32(bits, 15), kWeightTableSignShift));
+  const __m256 looked = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), table, index, held, 4);
+  if (_mm256_movemask_ps(held) == 0xFF) return looked;
+  return _mm256_blendv_ps(simd::exp8(a), looked, held);
+}
+
+SPECDEC_TARGET_AVX2 inline void weight_table_avx2(float max_logit, float inv_temperature,
+                                                  float* table) {
+  const __m256 m = _mm256_set1_ps(max_logit);
+  const __m256 inv_t = _mm256_set1_ps(inv_temperature);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int k = 0; k < 2 * kWeightTableSpan; k += 8) {  // a half is a multiple of 8
+    const __m256i bits = _mm256_add_epi32(_mm256_set1_epi32(weight_table_bits(k)), lane);
+    const __m256 v = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+    _mm256_storeu_ps(table + k, simd::exp8(_mm256_mul_ps(_mm256_sub_ps(v, m), inv_t)));
+  }
+}
+
 SPECDEC_TARGET_AVX2 inline void add_wide(__m256 v, __m256d& lo, __m256d& hi) {
   lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
   hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
@@ -436,7 +507,8 @@ SPECDEC_TARGET_AVX2 inline void add_wide(__m256 v, __m256d& lo, __m256d& hi) {
 
 SPECDEC_TARGET_AVX2 inline void exp_sum_avx2(const float* l, int64_t begin, int64_t end,
                                              float max_logit, float inv_temperature,
-                                             float min_weight, double* sum, double* entropy) {
+                                             float min_weight, const float* table, double* sum,
+                                             double* entropy) {
   const __m256 floor_w = _mm256_set1_ps(min_weight);
   const __m256 m = _mm256_set1_ps(max_logit);
   const __m256 inv_t = _mm256_set1_ps(inv_temperature);
@@ -446,7 +518,7 @@ SPECDEC_TARGET_AVX2 inline void exp_sum_avx2(const float* l, int64_t begin, int6
   for (int64_t i = begin; i < end; i += 8) {
     const __m256 v = i + 8 <= end ? _mm256_loadu_ps(l + i) : load8_tail(l + i, end - i, neg_inf);
     const __m256 a = _mm256_mul_ps(_mm256_sub_ps(v, m), inv_t);
-    const __m256 raw = simd::exp8(a);  // 0 on the tail's -inf lanes
+    const __m256 raw = raw_weights8(v, a, table);  // 0 on the tail's -inf lanes
     const __m256 w = _mm256_and_ps(_mm256_cmp_ps(raw, floor_w, _CMP_GE_OQ), raw);
     add_wide(w, s_lo, s_hi);
     if (entropy != nullptr) {
@@ -469,7 +541,8 @@ SPECDEC_TARGET_AVX2 inline __m256i flipped_keys(__m256 v) {
 }
 
 SPECDEC_TARGET_AVX2 inline void write_probs_avx2(const float* l, int64_t begin, int64_t end,
-                                                 const RowFilter& f, float* out) {
+                                                 const RowFilter& f, const float* table,
+                                                 float* out) {
   const __m256 m = _mm256_set1_ps(f.max_logit);
   const __m256 inv_t = _mm256_set1_ps(f.inv_temperature);
   const __m256 floor_w = _mm256_set1_ps(f.min_weight);
@@ -478,12 +551,12 @@ SPECDEC_TARGET_AVX2 inline void write_probs_avx2(const float* l, int64_t begin, 
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 v = _mm256_loadu_ps(l + i);
-    const __m256 raw = simd::exp8(_mm256_mul_ps(_mm256_sub_ps(v, m), inv_t));
+    const __m256 raw = raw_weights8(v, _mm256_mul_ps(_mm256_sub_ps(v, m), inv_t), table);
     const __m256 below_key = _mm256_castsi256_ps(_mm256_cmpgt_epi32(min_key, flipped_keys(v)));
     const __m256 kept = _mm256_andnot_ps(below_key, _mm256_cmp_ps(raw, floor_w, _CMP_GE_OQ));
     _mm256_storeu_ps(out + i, _mm256_div_ps(_mm256_and_ps(kept, raw), total));
   }
-  write_probs_portable(l, i, end, f, out);
+  write_probs_portable(l, i, end, f, table, out);
 }
 
 // Indices of the values >= floor_value, ascending; `out` has room for end - begin.
@@ -562,25 +635,38 @@ Scan copy_scan(const T* x, float* out, int64_t begin, int64_t end, float* block_
   return copy_scan_portable(x, out, begin, end, block_max);
 }
 
+// table[k] = raw weight of the bf16 bits weight_table_bits(k), k < 2 * kWeightTableSpan.
+inline void weight_table(float max_logit, float inv_temperature, float* table) {
+#if SPECDEC_X86
+  if (use_avx512()) return weight_table_avx512(max_logit, inv_temperature, table);
+  if (use_avx2()) return weight_table_avx2(max_logit, inv_temperature, table);
+#endif
+  weight_table_portable(max_logit, inv_temperature, table);
+}
+
+// `table`: the row's weight table, or nullptr (the row is not bf16, or too short for one).
 inline void exp_sum(const float* l, int64_t begin, int64_t end, float max_logit,
-                    float inv_temperature, float min_weight, double* sum, double* entropy) {
+                    float inv_temperature, float min_weight, const float* table, double* sum,
+                    double* entropy) {
 #if SPECDEC_X86
   if (use_avx512())
-    return exp_sum_avx512(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+    return exp_sum_avx512(l, begin, end, max_logit, inv_temperature, min_weight, table, sum,
+                          entropy);
   if (use_avx2())
-    return exp_sum_avx2(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+    return exp_sum_avx2(l, begin, end, max_logit, inv_temperature, min_weight, table, sum,
+                        entropy);
 #endif
-  exp_sum_portable(l, begin, end, max_logit, inv_temperature, min_weight, sum, entropy);
+  exp_sum_portable(l, begin, end, max_logit, inv_temperature, min_weight, table, sum, entropy);
 }
 
 // out[x] = p(x) = kept weight / total for x in [begin, end) (RowFilter::prob, vectorised).
 inline void write_probs(const float* l, int64_t begin, int64_t end, const RowFilter& f,
-                        float* out) {
+                        const float* table, float* out) {
 #if SPECDEC_X86
-  if (use_avx512()) return write_probs_avx512(l, begin, end, f, out);
-  if (use_avx2()) return write_probs_avx2(l, begin, end, f, out);
+  if (use_avx512()) return write_probs_avx512(l, begin, end, f, table, out);
+  if (use_avx2()) return write_probs_avx2(l, begin, end, f, table, out);
 #endif
-  write_probs_portable(l, begin, end, f, out);
+  write_probs_portable(l, begin, end, f, table, out);
 }
 
 inline int64_t gather_at_least(const float* l, int64_t begin, int64_t end, float floor_value,

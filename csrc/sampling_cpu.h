@@ -7,8 +7,10 @@
 // gives its mass per chunk. Top-k / top-p select among candidates gathered from the row (every
 // token at or above a bound that provably keeps the selection exact), so the radix select runs
 // on a few hundred keys instead of the whole row; weights are recomputed where needed (exact:
-// the same float operations) rather than stored. Rows can be split over threads by chunks when
-// there are fewer rows than threads; sums do not depend on the split.
+// the same float operations) rather than stored, and long bf16 rows look most of them up in a
+// per-row table (core/sampling.h), built the first time a pass over the whole row needs them.
+// Rows can be split over threads by chunks when there are fewer rows than threads; sums do not
+// depend on the split.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -17,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_rows.h"
@@ -60,6 +63,8 @@ class CpuRow {
   rows::Scan load(const scalar_t* logits, int64_t vocab, int mantissa_bits) {
     vocab_ = vocab;
     mantissa_bits_ = mantissa_bits;
+    // The float32 copy of a bf16 logit keeps its 16 bits on top: the table's index.
+    table_allowed_ = std::is_same_v<scalar_t, c10::BFloat16> && vocab >= kWeightTableMinVocab;
     logits_.resize(vocab);
     const int64_t chunks = rows::num_chunks(vocab);
     block_max_.resize((vocab + rows::kBlock - 1) / rows::kBlock);
@@ -80,6 +85,7 @@ class CpuRow {
   void process(const RowParams& params, bool with_entropy) {
     greedy_ = params.greedy();
     probs_ready_ = false;
+    table_ready_ = false;
     if (greedy_) return;
     filter_ = RowFilter{};
     filter_.max_logit = max_logit_;
@@ -169,7 +175,10 @@ class CpuRow {
       return;
     }
     const float* l = logits_.data();
-    for_chunks([&](int64_t begin, int64_t end) { rows::write_probs(l, begin, end, filter_, out); });
+    const float* table = weight_table();
+    for_chunks([&](int64_t begin, int64_t end) {
+      rows::write_probs(l, begin, end, filter_, table, out);
+    });
   }
 
  private:
@@ -194,9 +203,10 @@ class CpuRow {
     chunk_sums_.assign(chunks, 0.0);
     chunk_entropy_.assign(chunks, 0.0);
     const float* l = logits_.data();
+    const float* table = weight_table();
     for_chunks([&](int64_t begin, int64_t end) {
       const int64_t c = begin / rows::kChunk;
-      rows::exp_sum(l, begin, end, filter_.max_logit, filter_.inv_temperature, min_weight,
+      rows::exp_sum(l, begin, end, filter_.max_logit, filter_.inv_temperature, min_weight, table,
                     &chunk_sums_[c], entropy ? &chunk_entropy_[c] : nullptr);
     });
     double total = 0.0, a = 0.0;
@@ -210,23 +220,30 @@ class CpuRow {
 
   // ---- top-k / top-p among candidates
   //
-  // Candidates: every token whose logit is at least `bound`, in index order. A bound at or
-  // below the selection's threshold makes the radix select over the candidates exact; then
-  // every kept token is a candidate.
+  // Candidates: every token whose logit is at least `bound`, in index order (only blocks whose
+  // maximum reaches the bound are read). A bound at or below the selection's threshold makes
+  // the radix select over the candidates exact; then every kept token is a candidate.
 
   // The n-th largest of the block maxima (from load: the largest logit of each block of
   // rows::kBlock tokens), n >= 1; -inf past the last block. n tokens reach it.
   float block_bound(int64_t n) {
     if (n > static_cast<int64_t>(block_max_.size())) return -std::numeric_limits<float>::infinity();
-    std::nth_element(block_max_.begin(), block_max_.begin() + (n - 1), block_max_.end(),
+    ranked_blocks_.assign(block_max_.begin(), block_max_.end());
+    std::nth_element(ranked_blocks_.begin(), ranked_blocks_.begin() + (n - 1), ranked_blocks_.end(),
                      [](float a, float b) { return a > b; });
-    return block_max_[n - 1];
+    return ranked_blocks_[n - 1];
   }
 
   void gather_candidates(float bound) {
     // A buffer that only grows, so gathering never clears a vocabulary-sized array.
     if (static_cast<int64_t>(gather_buffer_.size()) < vocab_ + 16) gather_buffer_.resize(vocab_ + 16);
-    const int64_t n = rows::gather_at_least(logits_.data(), 0, vocab_, bound, gather_buffer_.data());
+    int64_t n = 0;
+    for (int64_t b = 0; b < static_cast<int64_t>(block_max_.size()); ++b) {
+      if (!(block_max_[b] >= bound)) continue;  // the block holds no candidate
+      const int64_t begin = b * rows::kBlock;
+      n += rows::gather_at_least(logits_.data(), begin, std::min(vocab_, begin + rows::kBlock),
+                                 bound, gather_buffer_.data() + n);
+    }
     candidates_.assign(gather_buffer_.begin(), gather_buffer_.begin() + n);
     keys_.resize(n);
     weights_.resize(n);
@@ -338,7 +355,7 @@ class CpuRow {
       const int64_t end = std::min(vocab_, b + rows::kBlock);
       double block = 0.0;
       rows::exp_sum(logits_.data(), b, end, filter_.max_logit, filter_.inv_temperature,
-                    filter_.min_weight, &block, nullptr);
+                    filter_.min_weight, weight_table(), &block, nullptr);
       if (!(static_cast<float>(cumulative + block) > target)) {
         cumulative += block;
         continue;
@@ -356,6 +373,18 @@ class CpuRow {
     for (int64_t x = vocab_ - 1; x > 0; --x)
       if (filter_.weight(logits_[x]) > 0.0f) return x;
     return 0;
+  }
+
+  // The processed row's weight table, built on first use (before any parallel pass), or
+  // nullptr when the row has none.
+  const float* weight_table() const {
+    if (!table_allowed_) return nullptr;
+    if (!table_ready_) {
+      table_.resize(2 * kWeightTableSpan);
+      rows::weight_table(filter_.max_logit, filter_.inv_temperature, table_.data());
+      table_ready_ = true;
+    }
+    return table_.data();
   }
 
   // p(x) for every x, for the generic sums and draws of the residual distributions.
@@ -378,7 +407,8 @@ class CpuRow {
   float weighted_log_sum_ = 0.0f;
   std::vector<float> logits_;
   std::vector<double> chunk_sums_, chunk_entropy_;
-  std::vector<float> block_max_;
+  std::vector<float> block_max_;     // the largest logit of each block of rows::kBlock tokens
+  std::vector<float> ranked_blocks_;  // block_max_, partly sorted by block_bound
   std::vector<rows::Scan> chunk_scans_;
   std::vector<int32_t> gather_buffer_;
   std::vector<int32_t> candidates_;  // token ids, ascending
@@ -387,6 +417,9 @@ class CpuRow {
   std::vector<int32_t> live_;        // radix select: candidates still in the chosen bucket
   mutable std::vector<float> probs_;
   mutable bool probs_ready_ = false;
+  bool table_allowed_ = false;        // bf16 logits, a row long enough for the table
+  mutable std::vector<float> table_;  // the weight table of the row as processed
+  mutable bool table_ready_ = false;
   const float* draft_probs_ = nullptr;
   int64_t draft_row_shift_ = 0;
 };

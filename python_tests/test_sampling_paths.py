@@ -85,19 +85,50 @@ def test_every_cpu_code_path_matches_reference(cpu_isa, gen, dtype):
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def window_logits(shape, gen):
+    """bf16 logits of rows long enough for the weight table (core/sampling.h), inside its window
+    [2^-8, 2^8) in magnitude and outside it (large, tiny, zero, -inf), some rows with their
+    maximum above the window; the last dimension is the vocabulary."""
+    logits = 3.0 * torch.randn(shape, generator=gen)
+    for start, step, values in [(0, 97, lambda n: 300.0 * torch.rand(n, generator=gen) - 400.0),
+                                (1, 89, lambda n: 1e-3 * torch.randn(n, generator=gen))]:
+        view = logits[..., start::step]
+        view.copy_(values(view.numel()).reshape(view.shape))
+    logits[..., 2::83] = 0.0
+    logits[..., 3::79] = -float("inf")
+    logits.view(-1, shape[-1])[::2, 5] = 280.0  # a maximum above the window
+    return logits.to(torch.bfloat16)
+
+
 def test_bf16_weight_table_window(device, gen):
-    """bf16 rows long enough for the weight table, with logits inside its window [2^-8, 2^8) in
-    magnitude and outside it (large, tiny, zero, -inf): table and direct weights agree."""
-    rows, vocab = 16, 20000
-    logits = 3.0 * torch.randn(rows, vocab, generator=gen)
-    logits[:, ::97] = 300.0 * torch.rand(rows, logits[:, ::97].shape[1], generator=gen) - 400.0
-    logits[:, 1::89] = 1e-3 * torch.randn(rows, logits[:, 1::89].shape[1], generator=gen)
-    logits[:, 2::83] = 0.0
-    logits[:, 3::79] = -float("inf")
-    logits[::2, 5] = 280.0  # a maximum above the window
+    """bf16 rows through the weight table, logits in and out of its window: table and direct
+    weights agree."""
+    rows = 16
     names = (list(PATHS) * 2)[:rows]
-    logits = logits.to(torch.bfloat16).to(device)
+    logits = window_logits((rows, 20000), gen).to(device)
     check_sample(logits, path_params(names, device), torch.arange(rows, device=device))
+
+
+def test_bf16_weight_table_on_every_cpu_code_path(cpu_isa, gen):
+    """The CPU passes that read the bf16 weight table on each instruction set, against the
+    reference's weights bit for bit: exp sums and written probabilities (every filter path),
+    residual sums and draws (sampled chains with rejections, with and without draft
+    probabilities), typical acceptance's entropy sum; logits in and out of the window."""
+    rows, vocab = 16, 20011  # odd: vector tails
+    names = (list(PATHS) * 2)[:rows]
+    offset = torch.randint(0, 2**40, (rows,), generator=gen)
+    check_sample(window_logits((rows, vocab), gen), path_params(names, "cpu"), offset)
+    drafts, num_draft, _, probs = random_chain(6, 3, vocab, torch.bfloat16, gen)
+    chain = window_logits((6, 4, vocab), gen)
+    chain[torch.arange(6)[:, None], torch.arange(3), drafts] = 9.0  # drafts often accepted
+    params = random_params(6, gen, greedy_fraction=0.0)
+    for q in [probs, None]:
+        got = ops.verify_chain(drafts, num_draft, chain, q, params)
+        want = reference.verify_chain(drafts, num_draft, chain, q, params)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got = ops.typical_verify_chain(drafts, num_draft, chain, params)
+    want = reference.typical_verify_chain(drafts, num_draft, chain, params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_top_p_radix_with_ties_and_a_huge_nucleus(device, gen):
@@ -211,3 +242,38 @@ def test_deferred_errors_on_cuda():
     with pytest.raises(ValueError, match="request 2"):  # the 64 still queued
         ops.raise_deferred_errors()
     ops.raise_deferred_errors()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cpu_row_scans_on_every_code_path(cpu_isa, dtype):
+    """The validity and argmax scans of each instruction set (greedy rows: the scan; sampled
+    rows: the scan that also copies) on rows of several 256-value blocks and a short tail: the
+    first index of the maximum wins across blocks, lanes and signed zeros; rows of -inf with
+    one finite value; NaN or +Inf in a vector body or in the tail is an error naming the
+    request, as is a row with no finite value."""
+    vocab = 1003
+    logits = -1.0 - torch.arange(vocab * 5, dtype=torch.float32).reshape(5, vocab) / vocab
+    logits[0, [900, 300]] = 7.0  # two blocks hold the maximum: the first one wins
+    logits[1, [600, 258, 257]] = 2.0  # one block, neighbouring lanes
+    logits[2] = -float("inf")
+    logits[2, vocab - 2] = -5.0  # the only finite value, in the tail
+    logits[3, 5], logits[3, 10] = 0.0, -0.0
+    logits[4, vocab - 1] = 3.0
+    logits = logits.to(dtype)
+    want = [300, 257, vocab - 2, 5, vocab - 1]
+    for temperature in [0.0, 1.0]:
+        params = SamplingParams.create(5, temperature=temperature, seed=3)
+        if temperature == 0.0:
+            assert ops.sample(logits, params).tolist() == want
+        else:
+            check_sample(logits, params, torch.arange(5))
+        for where in [17, vocab - 2]:
+            for bad in [float("nan"), float("inf")]:
+                broken = logits.clone()
+                broken[1, where] = bad
+                with pytest.raises(ValueError, match=r"request 1: .*NaN or \+Inf"):
+                    ops.sample(broken, params)
+        broken = logits.clone()
+        broken[4] = -float("inf")
+        with pytest.raises(ValueError, match="request 4: .*no finite value"):
+            ops.sample(broken, params)

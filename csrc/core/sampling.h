@@ -210,6 +210,31 @@ struct RowFilter {
   SPECDEC_HD float prob(float logit) const { return div_rn(weight(logit), total); }
 };
 
+// ----------------------------------------------------------------------------- bf16 weight table
+//
+// A bfloat16 logit has 2^16 values, so a row's raw weight is a function of the logit's 16 bits.
+// Rows of bf16 logits of at least kWeightTableMinVocab tokens compute, once per row, the raw
+// weights of the magnitudes [2^-8, 2^8) of both signs (16 octaves of 128 values each:
+// nearly every logit) and look them up; the other values are computed. Entry k of the table
+// holds raw_weight of the bf16 bits weight_table_bits(k), so a lookup gives the same bits.
+constexpr int kWeightTableSpan = 2048;          // entries per sign
+constexpr uint32_t kWeightTableLow = 0x3B80u;   // bf16 bits of 2^-8
+constexpr int kWeightTableSignShift = 11;       // log2(kWeightTableSpan)
+constexpr int64_t kWeightTableMinVocab = 16384;  // shorter rows do not pay for the table
+static_assert(kWeightTableSpan == 1 << kWeightTableSignShift, "the sign picks a half by shift");
+
+SPECDEC_HD uint32_t weight_table_bits(int k) {
+  return (k >= kWeightTableSpan ? 0x8000u : 0u) + kWeightTableLow +
+         static_cast<uint32_t>(k % kWeightTableSpan);
+}
+
+// The table entry of bf16 bits `b`, or -1 when the table does not hold it.
+SPECDEC_HD int weight_table_index(uint32_t b) {
+  const uint32_t d = (b & 0x7FFFu) - kWeightTableLow;  // wraps below the window
+  if (d >= static_cast<uint32_t>(kWeightTableSpan)) return -1;
+  return static_cast<int>(((b >> 15) << kWeightTableSignShift) + d);
+}
+
 // Radix select over keys, 8 bits per round from the top. The caller builds, per round, a
 // 256-bin histogram (count and weight mass) of the candidate keys that match `prefix` on the
 // bits already chosen, then calls one of the pick functions.

@@ -24,8 +24,6 @@ constexpr int kMaxTeamBlocks = 8;  // blocks per team (portable cluster size)
 constexpr int kMaxSegments = kMaxTeamBlocks * kTeamWarps;
 constexpr int kListCap = 512;      // kept tokens a list holds
 constexpr int64_t kPreselect = kListCap / 2;  // top-p without top-k: tokens preselected
-constexpr int kTableSpan = 2048;   // bf16 magnitudes per sign in the weight table: 16 octaves
-constexpr uint32_t kTableLow = 0x3B80u;  // bf16 bits of 2^-8 (the table covers [2^-8, 2^8))
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kColumnWords = (kRadixBins / 2) * 32;  // packed 16-bit counts [bin / 2][lane]
 constexpr uint32_t kWorkBytes = kColumnWords * 4;      // 16 KiB
@@ -43,7 +41,7 @@ SPECDEC_HD uint32_t align16(uint32_t x) { return (x + 15u) & ~15u; }
 
 // Dynamic shared memory of a block (byte offsets), the same on host and device.
 struct TeamLayout {
-  uint32_t table;        // float [2 * kTableSpan] (bf16 logits only)
+  uint32_t table;        // float [2 * kWeightTableSpan] (bf16 logits only; core/sampling.h)
   uint32_t work;         // kWorkBytes: histogram columns, or the fixed-point histogram
   uint32_t list_index;   // int32 [kListCap]: kept token ids, in index order
   uint32_t list_key;     // uint32 [kListCap]: their keys (float_key of the logit)
@@ -57,7 +55,7 @@ SPECDEC_HD TeamLayout team_layout(bool with_table, uint32_t cache_bytes) {
   TeamLayout l{};
   uint32_t o = 0;
   l.table = o;
-  o += with_table ? 2u * kTableSpan * 4u : 0u;
+  o += with_table ? 2u * kWeightTableSpan * 4u : 0u;
   l.work = o;
   o += kWorkBytes;
   l.list_index = o;
@@ -118,7 +116,7 @@ inline TeamArgs plan_team(int64_t rows, int64_t vocab, int64_t elem_bytes, int v
   const int64_t tile = 32 * vec;
   const int64_t tiles = ceil_div<int64_t>(vocab, tile);
   // Building the bf16 weight table (4096 exps) pays off once a row is a few times longer.
-  const bool table = bf16 && vocab >= 16384;
+  const bool table = bf16 && vocab >= kWeightTableMinVocab;
   const int64_t fixed = team_layout(table, 0).bytes;
   const int64_t reserved = static_cast<int64_t>(sizeof(TeamShared)) + 64 + 1024;  // + per-block reserve
   const auto budget = [&](int blocks_per_sm) {

@@ -301,8 +301,8 @@ struct TeamRow {
   __device__ __forceinline__ float weight_of(Bits b, float l) const {
     if constexpr (E::kTable) {
       if (use_table) {
-        const uint32_t d = (static_cast<uint32_t>(b) & 0x7FFFu) - kTableLow;
-        if (d < static_cast<uint32_t>(kTableSpan)) return table()[(b >> 15) * kTableSpan + d];
+        const int k = weight_table_index(static_cast<uint32_t>(b));
+        if (k >= 0) return table()[k];
       }
     }
     return filter.raw_weight(l);
@@ -313,15 +313,14 @@ struct TeamRow {
   __device__ void ensure_table() {
     if (!table_allowed || use_table) return;
     float* t = table();
-    const int share = 2 * kTableSpan / team.size;
+    const int share = 2 * kWeightTableSpan / team.size;
     const int begin = team.rank * share;
     for (int k = begin + static_cast<int>(threadIdx.x); k < begin + share; k += kTeamThreads) {
-      const uint32_t bits = (k >= kTableSpan ? 0x8000u : 0u) + kTableLow + (k % kTableSpan);
-      t[k] = filter.raw_weight(E::value(static_cast<Bits>(bits)));
+      t[k] = filter.raw_weight(E::value(static_cast<Bits>(weight_table_bits(k))));
     }
     team.sync();
     if (team.size > 1) {
-      for (int k = threadIdx.x; k < 2 * kTableSpan; k += kTeamThreads) {
+      for (int k = threadIdx.x; k < 2 * kWeightTableSpan; k += kTeamThreads) {
         const int owner = k / share;
         if (owner != team.rank) t[k] = team.at(t, owner)[k];
       }
