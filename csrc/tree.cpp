@@ -405,51 +405,75 @@ SPECDEC_TARGET_AVX2 void softmax_key_major_avx2(float* scores, int64_t keys, flo
   for (int v = 0; v < RV; ++v) _mm256_storeu_ps(row_sum + 8 * v, sum[v]);
 }
 
-// accumulate_values_avx512 with 3 rows x 32 dims of accumulators (12) + 3 probabilities + 1
-// value vector in the 16 registers.
+// R rows (R <= 3) of accumulate_values_avx512 over 32 head dims (kFull: all 32 are there, else
+// the lanes of `masks`): 4R accumulators, R probabilities and a value vector fit the 16
+// registers. `probs` starts at the block's first row, `values` and `acc` at its first dim.
+// Keys none of the R rows sees are skipped (one compare of their probabilities).
+template <int R, bool kFull>
+SPECDEC_TARGET_AVX2 void value_rows_avx2(const float* probs, const float* values,
+                                         int64_t value_stride, int64_t keys, int64_t dims,
+                                         const __m256i* masks, int64_t acc_stride, float* acc) {
+  constexpr int kDimVectors = 4;
+  __m256 a[R][kDimVectors];
+#pragma GCC unroll 3
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < keys; ++s) {
+    prefetch_row(values + (s + kPrefetchKeys) * value_stride, dims);
+    const float* p = probs + s * kRows;
+    // Blocks of 2-3 rows start at row kRows - 4 at the latest (blocks of 3 from row 0; a lone
+    // last row is R = 1), so the 4 floats from p are this key's.
+    const int seen =
+        R == 1 ? p[0] != 0.0f
+               : _mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(p), _mm_setzero_ps())) & ((1 << R) - 1);
+    if (!seen) continue;
+    __m256 pi[R];
+#pragma GCC unroll 3
+    for (int i = 0; i < R; ++i) pi[i] = _mm256_broadcast_ss(p + i);
+    const float* v = values + s * value_stride;
+#pragma GCC unroll 4
+    for (int j = 0; j < kDimVectors; ++j) {
+      // Plain loads where all 32 dims are there: vmaskmovps streaming 2k value rows from
+      // memory made this loop twice as slow on Zen 4 (bench.attention_prefix, 2026-11-26).
+      const __m256 vv = kFull ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, masks[j]);
+#pragma GCC unroll 3
+      for (int i = 0; i < R; ++i) a[i][j] = _mm256_fmadd_ps(pi[i], vv, a[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kDimVectors; ++j)
+      _mm256_maskstore_ps(acc + i * acc_stride + 8 * j, masks[j], a[i][j]);
+}
+
+// accumulate_values_avx512 in blocks of 3 rows x 32 dims (value_rows_avx2). The same FMA chains
+// in key order: a row's sums do not depend on its block.
 SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float* values,
                                                 int64_t value_stride, int64_t keys, int64_t rows,
                                                 int64_t head_dim, int64_t acc_stride, float* acc) {
-  constexpr int kRowBlock = 3, kDimVectors = 4;
+  constexpr int kRowBlock = 3, kDims = 32;
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t d0 = 0; d0 < head_dim; d0 += 8 * kDimVectors) {
-    __m256i masks[kDimVectors];
-    for (int j = 0; j < kDimVectors; ++j) {
+  for (int64_t d0 = 0; d0 < head_dim; d0 += kDims) {
+    __m256i masks[4];
+    for (int j = 0; j < 4; ++j) {
       const int64_t left = std::max<int64_t>(0, std::min<int64_t>(8, head_dim - d0 - 8 * j));
       masks[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane);
     }
-    const bool full = d0 + 8 * kDimVectors <= head_dim;
+    const int64_t dims = std::min<int64_t>(kDims, head_dim - d0);
+    const bool full = dims == kDims;
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-      __m256 a[kRowBlock][kDimVectors];
-      for (int i = 0; i < kRowBlock; ++i)
-        for (int j = 0; j < kDimVectors; ++j) a[i][j] = _mm256_setzero_ps();
       const int live = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
-      for (int64_t s = 0; s < keys; ++s) {
-        prefetch_row(values + (s + kPrefetchKeys) * value_stride + d0,
-                     std::min<int64_t>(8 * kDimVectors, head_dim - d0));
-        float p[kRowBlock] = {};
-        bool seen = false;
-        for (int i = 0; i < live; ++i) {
-          p[i] = probs[s * kRows + r0 + i];
-          seen = seen || p[i] != 0.0f;
-        }
-        if (!seen) continue;
-        const float* v = values + s * value_stride + d0;
-        __m256 pi[kRowBlock];
-#pragma GCC unroll 3
-        for (int i = 0; i < kRowBlock; ++i) pi[i] = _mm256_set1_ps(p[i]);
-#pragma GCC unroll 4
-        for (int j = 0; j < kDimVectors; ++j) {
-          // Plain loads where all 32 dims are there: vmaskmovps streaming 2k value rows from
-          // memory made this loop twice as slow on Zen 4 (bench.attention_prefix, 2026-11-26).
-          const __m256 vv = full ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, masks[j]);
-#pragma GCC unroll 3
-          for (int i = 0; i < kRowBlock; ++i) a[i][j] = _mm256_fmadd_ps(pi[i], vv, a[i][j]);
-        }
+      const float* p = probs + r0;
+      const float* v = values + d0;
+      float* out = acc + r0 * acc_stride + d0;
+      switch (2 * live + (full ? 1 : 0)) {
+        case 2: value_rows_avx2<1, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 3: value_rows_avx2<1, true>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 4: value_rows_avx2<2, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 5: value_rows_avx2<2, true>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 6: value_rows_avx2<3, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        default: value_rows_avx2<3, true>(p, v, value_stride, keys, dims, masks, acc_stride, out);
       }
-      for (int i = 0; i < live; ++i)
-        for (int j = 0; j < kDimVectors; ++j)
-          _mm256_maskstore_ps(acc + (r0 + i) * acc_stride + d0 + 8 * j, masks[j], a[i][j]);
     }
   }
 }
