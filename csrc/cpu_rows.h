@@ -399,7 +399,7 @@ SPECDEC_TARGET_AVX2 inline __m256 load8_tail(const float* p, int64_t left, __m25
 }
 
 // The scans on 8 lanes go by blocks of kBlock values and keep, per block, only its maximum and
-// a NaN flag (4 vector operations per 8 values, where tracking each lane's argmax took 10);
+// a NaN flag (3 vector operations per 8 values, where tracking each lane's argmax took 10);
 // the first block that holds the row's maximum is then searched for its first index. A row
 // with NaN or +Inf (an error) is scanned again by the portable code for its exact flags.
 template <typename T>
