@@ -80,18 +80,6 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _median_ms(step, device: str, repeats: int) -> float:
-    times = []
-    for i in range(repeats + 2):  # two warm-up steps
-        _synchronize(device)
-        start = time.perf_counter()
-        step()
-        _synchronize(device)
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def torch_step(model, prefix: int):
     """A function of T tokens running HF's own forward over them after `prefix` cached tokens
     (the cache cropped back to the prefix every time, as a verification step sees it)."""
@@ -124,23 +112,40 @@ def engine_step(model, prefix: int, capacity: int):
     return (lambda new: runner.forward(cache, new, cache.host_lens)), runner
 
 
+def _timed_ms(step, device: str) -> float:
+    _synchronize(device)
+    start = time.perf_counter()
+    step()
+    _synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
 @torch.inference_mode()
 def step_latencies(model, prefix: int, tokens: list[int], repeats: int) -> dict[str, dict]:
     """Median latency (ms) of one forward over T tokens after `prefix` cached tokens, per T,
-    for the engine's and torch's paths (interleaved, T by T)."""
+    for the engine's and torch's paths. Interleaved: each round times every T on both paths
+    (after two warm-up rounds), so a drift of the machine's speed spreads over the whole curve
+    instead of bending it (T by T, a noisy machine gave c(16) < c(8))."""
     device = str(model.device)
     vocab = model.config.vocab_size
     engine, runner = engine_step(model, prefix, prefix + max(tokens))
     baseline = torch_step(model, prefix)
-    result = {"engine": {}, "torch": {}, "kernels": runner.kernels.describe()}
+    blocks = {t: torch.randint(vocab, (1, t), device=device) for t in tokens}
+    samples = {path: {t: [] for t in tokens} for path in ("engine", "torch")}
     try:
-        for t in tokens:
-            new = torch.randint(vocab, (1, t), device=device)
-            result["engine"][t] = _median_ms(lambda: engine(new), device, repeats)
-            runner.release()  # torch's path runs the model's own attention
-            result["torch"][t] = _median_ms(lambda: baseline(new), device, repeats)
+        for round_ in range(repeats + 2):
+            for t in tokens:
+                engine_ms = _timed_ms(lambda: engine(blocks[t]), device)
+                runner.release()  # torch's path runs the model's own attention
+                torch_ms = _timed_ms(lambda: baseline(blocks[t]), device)
+                if round_ >= 2:
+                    samples["engine"][t].append(engine_ms)
+                    samples["torch"][t].append(torch_ms)
     finally:
         runner.release()
+    result = {path: {t: statistics.median(v) for t, v in by_t.items()}
+              for path, by_t in samples.items()}
+    result["kernels"] = runner.kernels.describe()
     return result
 
 
