@@ -82,6 +82,31 @@ Scan copy_scan_portable(const T* x, float* out, int64_t begin, int64_t end, floa
   return scan_portable(out, begin, end);
 }
 
+// The vector scans go by blocks of kBlock values and keep, per block, only its maximum and a
+// NaN flag (3 vector operations per value vector, where tracking each lane's argmax took 10);
+// this finds the first index of the row's maximum in `best_block`, the first block that holds
+// it. A row with NaN or +Inf (an error) is scanned again by the portable code for its exact
+// flags.
+template <typename T>
+Scan finish_block_scan(const T* x, int64_t begin, int64_t end, float best, int64_t best_block,
+                       bool nan) {
+  if (nan || best > kFloatMax) return scan_portable(x, begin, end);
+  Scan s;
+  s.argmax = begin;
+  s.finite = best >= -kFloatMax;
+  if (!s.finite) return s;  // every value -inf
+  const int64_t block_end = std::min(end, best_block + kBlock);
+  for (int64_t i = best_block; i < block_end; ++i) {
+    const float v = static_cast<float>(x[i]);
+    if (v == best) {
+      s.argmax = i;
+      s.max = v;
+      break;
+    }
+  }
+  return s;
+}
+
 // The bf16 bits of a float32 that holds a widened bf16 value.
 inline uint32_t bf16_bits_of(float v) {
   uint32_t bits;
@@ -166,50 +191,38 @@ SPECDEC_TARGET_AVX512 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-// Running max, first argmax and NaN/+Inf/finite flags over 16 lanes of a row being scanned.
-struct ScanLanes {
-  __m512 best;
-  __m512i best_index;
-  __m512i index;  // the row index of each lane's next value
-  __mmask16 bad = 0, finite = 0;
-
-  SPECDEC_TARGET_AVX512 explicit ScanLanes(int64_t begin)
-      : best(_mm512_set1_ps(-std::numeric_limits<float>::infinity())),
-        best_index(_mm512_setzero_si512()),
-        index(_mm512_add_epi32(
-            _mm512_set1_epi32(static_cast<int32_t>(begin)),
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15))) {}
-
-  // The next 16 values (masked-off lanes already -inf).
-  SPECDEC_TARGET_AVX512 inline void add(__m512 v) {
-    const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    const __m512 float_max = _mm512_set1_ps(kFloatMax);
-    bad |= _mm512_cmp_ps_mask(v, float_max, _CMP_NLE_UQ);  // NaN or +Inf
-    finite |= _mm512_cmp_ps_mask(v, float_max, _CMP_LE_OQ) &
-              _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
-    const __mmask16 greater = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);  // first occurrence per lane
-    best = _mm512_mask_blend_ps(greater, best, v);
-    best_index = _mm512_mask_blend_epi32(greater, best_index, index);
-    index = _mm512_add_epi32(index, _mm512_set1_epi32(16));
+// The block scan (finish_block_scan) on 16 lanes; `out` (a float32 copy of the row) and
+// `block_max` (each block's maximum; begin a multiple of kBlock) may be nullptr.
+template <typename T>
+SPECDEC_TARGET_AVX512 Scan block_scan_avx512(const T* x, float* out, int64_t begin, int64_t end,
+                                             float* block_max) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_block = begin;
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t block_end = std::min(end, b + kBlock);
+    __m512 lanes = neg_inf;
+    for (int64_t i = b; i < block_end; i += 16) {
+      const __mmask16 m = tail_mask(block_end - i);
+      const __m512 v = load_f32(x + i, m, neg_inf);
+      if (out != nullptr) _mm512_mask_storeu_ps(out + i, m, v);
+      lanes = _mm512_max_ps(v, lanes);  // a NaN lane leaves the maximum as it was
+      nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    }
+    const float block = _mm512_reduce_max_ps(lanes);
+    if (block_max != nullptr) block_max[b / kBlock] = block;
+    if (block > best) {
+      best = block;
+      best_block = b;
+    }
   }
-
-  SPECDEC_TARGET_AVX512 inline Scan finish(int64_t begin) const {
-    Scan s;
-    s.bad = bad != 0;
-    s.finite = finite != 0;
-    s.max = _mm512_reduce_max_ps(best);
-    const __mmask16 at_max = _mm512_cmp_ps_mask(best, _mm512_set1_ps(s.max), _CMP_EQ_OQ);
-    s.argmax = s.finite ? _mm512_mask_reduce_min_epi32(at_max, best_index) : begin;
-    return s;
-  }
-};
+  return finish_block_scan(x, begin, end, best, best_block, nan != 0);
+}
 
 template <typename T>
 SPECDEC_TARGET_AVX512 Scan scan_avx512(const T* x, int64_t begin, int64_t end) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  ScanLanes lanes(begin);
-  for (int64_t i = begin; i < end; i += 16) lanes.add(load_f32(x + i, tail_mask(end - i), neg_inf));
-  return lanes.finish(begin);
+  return block_scan_avx512(x, nullptr, begin, end, nullptr);
 }
 
 // scan_avx512 that also copies the row to `out` as float32 and writes the max of each
@@ -217,21 +230,7 @@ SPECDEC_TARGET_AVX512 Scan scan_avx512(const T* x, int64_t begin, int64_t end) {
 template <typename T>
 SPECDEC_TARGET_AVX512 Scan copy_scan_avx512(const T* x, float* out, int64_t begin, int64_t end,
                                             float* block_max) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  ScanLanes lanes(begin);
-  for (int64_t b = begin; b < end; b += kBlock) {
-    const int64_t block_end = std::min(end, b + kBlock);
-    __m512 block = neg_inf;
-    for (int64_t i = b; i < block_end; i += 16) {
-      const __mmask16 m = tail_mask(block_end - i);
-      const __m512 v = load_f32(x + i, m, neg_inf);
-      _mm512_mask_storeu_ps(out + i, m, v);
-      block = _mm512_max_ps(v, block);
-      lanes.add(v);
-    }
-    block_max[b / kBlock] = _mm512_reduce_max_ps(block);
-  }
-  return lanes.finish(begin);
+  return block_scan_avx512(x, out, begin, end, block_max);
 }
 
 // Raw weights of 16 lanes given a = (v - M) * invT: looked up in the row's weight table
@@ -398,10 +397,7 @@ SPECDEC_TARGET_AVX2 inline __m256 load8_tail(const float* p, int64_t left, __m25
   return _mm256_blendv_ps(fill, _mm256_maskload_ps(p, _mm256_castps_si256(keep)), keep);
 }
 
-// The scans on 8 lanes go by blocks of kBlock values and keep, per block, only its maximum and
-// a NaN flag (3 vector operations per 8 values, where tracking each lane's argmax took 10);
-// the first block that holds the row's maximum is then searched for its first index. A row
-// with NaN or +Inf (an error) is scanned again by the portable code for its exact flags.
+// The block scan (finish_block_scan) on 8 lanes, as block_scan_avx512.
 template <typename T>
 SPECDEC_TARGET_AVX2 Scan block_scan_avx2(const T* x, float* out, int64_t begin, int64_t end,
                                          float* block_max) {
@@ -436,22 +432,8 @@ SPECDEC_TARGET_AVX2 Scan block_scan_avx2(const T* x, float* out, int64_t begin, 
       best_block = b;
     }
   }
-  if (nan_in_tail || _mm256_movemask_ps(nan) != 0 || best > kFloatMax)
-    return scan_portable(x, begin, end);
-  Scan s;
-  s.argmax = begin;
-  s.finite = best >= -kFloatMax;
-  if (!s.finite) return s;  // every value -inf
-  const int64_t block_end = std::min(end, best_block + kBlock);
-  for (int64_t i = best_block; i < block_end; ++i) {
-    const float v = static_cast<float>(x[i]);
-    if (v == best) {
-      s.argmax = i;
-      s.max = v;
-      break;
-    }
-  }
-  return s;
+  return finish_block_scan(x, begin, end, best, best_block,
+                           nan_in_tail || _mm256_movemask_ps(nan) != 0);
 }
 
 template <typename T>
