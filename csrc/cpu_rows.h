@@ -420,7 +420,7 @@ SPECDEC_TARGET_AVX2 Scan block_scan_avx2(const T* x, float* out, int64_t begin, 
     _mm256_store_ps(lane_max, lanes);
     float m = neg_inf;
     for (int l = 0; l < 8; ++l) m = lane_max[l] > m ? lane_max[l] : m;
-    for (; i < block_end; ++i) {  // the row's last few values
+    for (; i < block_end; ++i) {  // past the block's last full vector (the row's end)
       const float v = static_cast<float>(x[i]);
       if (out != nullptr) out[i] = v;
       nan_in_tail = nan_in_tail || v != v;
