@@ -321,6 +321,10 @@ class ChainOptions:
     max_draft: int = integer(8, "upper bound of an adaptive K")
     confidence_threshold: float | None = number(
         None, "stop drafting below this probability", low=0, high=1, open_high=True)
+    budget: bool = api_only(True)
+    cost_curve: object = text(None, "step-cost JSON (bench.cost_curve) of the target that, "
+                              "with the draft's, sizes the chain (default: this machine's)")
+    draft_cost_curve: object = api_only(None)
 
 
 @dataclass

@@ -6,7 +6,9 @@ nodes that maximise expected tokens per unit of step cost under the device's mea
 (:class:`~specdec_kernels.decoding.cost.StepCost`) (:func:`budgeted_trees`), and once the
 target has spoken every candidate is judged into the statistics (:class:`OutcomeJudge`). This
 greedy choice is the only one in the package: merged and retrieval trees go through it every
-step, a static rank-path tree (Medusa, token recycling) once (:func:`choose_tree`).
+step, a static rank-path tree (Medusa, token recycling) once (:func:`choose_tree`). A chain of
+drafts (a draft model, the target's first layers) is sized the same way each step by
+:class:`ChainBudget`, which also weighs the draft's own forwards.
 
 Expected tokens of a kept set ``S`` of drafted nodes: ``1 + sum_{n in S} P(path to n is
 accepted)`` (the target's own token, plus every node whose whole path holds). With
@@ -27,10 +29,17 @@ from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.tree import Tree, Trie, stack_trees, tree_from_choices
 
 __all__ = [
+    "CHAIN_PRIOR",
     "CLASS_PRIORS",
+    "DEPTH_PRIOR_WEIGHT",
+    "MAX_PAUSE_STEPS",
+    "PAUSE_STEPS",
+    "PROBE_STEPS",
     "AcceptanceStats",
     "CandidateTree",
+    "ChainBudget",
     "OutcomeJudge",
+    "ProphetPause",
     "TreeBudget",
     "budgeted_trees",
     "choose_tree",
@@ -209,6 +218,170 @@ class TreeBudget:
                 best_n, expected, best_value = n, running, value
         kept = [sorted([0] + order[:best_n]) for order in orders]
         return kept, expected, self.cost(best_n + 1, batch)
+
+
+# ---------------------------------------------------------------------------- pauses
+
+#: Steps a prophet that did not pay sits out before it proposes again (doubled while it keeps
+#: not paying, up to :data:`MAX_PAUSE_STEPS`).
+PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 128
+#: Steps a prophet proposes (after the start, or after a pause) before it can be paused.
+PROBE_STEPS = 6
+#: Weight of the newest step in the running averages of a prophet's credit and cost.
+_RECENT = 0.25
+
+
+class ProphetPause:
+    """Whether a drafter that may not pay proposes this step: running averages of what its
+    accepted drafts were worth and what its proposing cost, in one unit of time a step.
+
+    The merged drafter feeds it measured proposing time
+    (:class:`~specdec_kernels.decoding.multi.MultiDrafter`), :class:`ChainBudget` the modelled
+    cost of a chain's step. After :data:`PROBE_STEPS` steps with credit below cost it answers
+    no for a pause of :data:`PAUSE_STEPS` steps, doubled at each new pause up to
+    :data:`MAX_PAUSE_STEPS`, reset once the credit covers the cost.
+    """
+
+    def __init__(self):
+        self.steps_paused = 0
+        self._worth = self._cost = 0.0
+        self._observed = 0  # steps proposed since the start or the last pause
+        self._left = 0  # steps left in the current pause
+        self._next_pause = PAUSE_STEPS
+
+    def proposes(self) -> bool:
+        """Whether the prophet proposes this step (counts a paused step)."""
+        if self._left > 0:
+            self._left -= 1
+            self.steps_paused += 1
+            return False
+        return True
+
+    def record(self, worth: float, cost: float) -> None:
+        """A step it proposed: its credit and its proposing cost (same unit)."""
+        first = self._observed == 0
+        self._worth = worth if first else self._worth + _RECENT * (worth - self._worth)
+        self._cost = cost if first else self._cost + _RECENT * (cost - self._cost)
+        self._observed += 1
+        if self._observed < PROBE_STEPS:
+            return
+        if self._worth < self._cost:
+            self._left, self._observed = self._next_pause, 0
+            self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
+        else:
+            self._next_pause = PAUSE_STEPS
+
+
+# ---------------------------------------------------------------------------- chains
+
+#: Pseudo-observations with which a chain's depth ``j`` starts at depth ``j - 1``'s rate. A
+#: chain's acceptance given the depth before is nearly flat in depth (the int4 copy of the
+#: default model on held-out prompts: 0.76, 0.80, 0.82), so each depth leans on the one before
+#: until its own tries outweigh it.
+DEPTH_PRIOR_WEIGHT = 4.0
+#: A chain's first-draft acceptance before any evidence, for a drafter that states none.
+CHAIN_PRIOR = 0.5
+
+
+class ChainBudget:
+    """How many drafts a chain drafter proposes each step, from ``0`` to a cap.
+
+    A chain of ``K`` drafts is expected to emit ``E(K) = 1 + sum_{i <= K} prod_{j <= i} a_j``
+    tokens, ``a_j`` the acceptance of depth ``j`` when depth ``j - 1`` was accepted, and to
+    cost ``c_t(B (K + 1)) + K c_d(B)``: the target verifies ``K + 1`` rows of each of ``B``
+    requests, the draft runs ``K`` forwards of ``B`` rows. The length kept maximises
+    ``E(K) / cost(K)`` over ``1 .. cap``. ``a_j`` is the posterior mean of what depth ``j``
+    measured under a prior of :data:`DEPTH_PRIOR_WEIGHT` observations at ``a_{j-1}`` (``a_1``'s
+    prior is ``first_draft_prior``, one observation): a depth never tried is taken to do as
+    well as the one before, so a chain that is accepted grows until a depth measures worse,
+    and a few unlucky first tries of a depth do not shut it for the rest of the run.
+
+    Whether drafting pays at all is judged over recent steps (:class:`ProphetPause`) on the
+    same model: credit is the accepted drafts times a request's share of a plain step
+    (``c_t(B) / B``), cost is what the step cost beyond a plain one (``cost(K) - c_t(B)``);
+    while paused the drafter proposes nothing and the step is a plain one. A draft that would
+    not pay even if every draft were accepted (:meth:`can_pay`) is never run. Nothing here is
+    timed: with the same curves and outcomes the lengths are the same, so a seeded sampled
+    run repeats.
+
+    Parameters
+    ----------
+    target_cost, draft_cost : StepCost, str or dict
+        ``c_t(T)``, the target's forward over ``T`` rows, and ``c_d(T)``, the draft's (see
+        :meth:`StepCost.load`).
+    first_draft_prior : float, optional
+        P(first draft accepted) before any evidence (default :data:`CHAIN_PRIOR`).
+    """
+
+    def __init__(self, target_cost, draft_cost, *, first_draft_prior: float | None = None):
+        if first_draft_prior is None:
+            first_draft_prior = CHAIN_PRIOR
+        if not 0.0 < first_draft_prior < 1.0:
+            raise ValueError(f"first_draft_prior must be in (0, 1), got {first_draft_prior}")
+        self.target_cost = StepCost.load(target_cost)
+        self.draft_cost = StepCost.load(draft_cost)
+        self.first_draft_prior = first_draft_prior
+        self.counts: list = []  # per depth - 1: [tried, accepted]
+        self.pause = ProphetPause()
+        self.lengths: dict = {}  # chosen length -> steps
+
+    def cost(self, length: int, batch: int) -> float:
+        """Modelled cost of a step that drafts ``length`` tokens for ``batch`` requests."""
+        return self.target_cost(batch * (length + 1)) + length * self.draft_cost(batch)
+
+    def rates(self, length: int) -> list:
+        """``[a_1, ..., a_length]``: estimated acceptance by depth, given the depth before."""
+        out, prior, weight = [], self.first_draft_prior, 1.0
+        for depth in range(length):
+            tried, accepted = self.counts[depth] if depth < len(self.counts) else (0, 0)
+            prior = (accepted + weight * prior) / (tried + weight)
+            out.append(prior)
+            weight = DEPTH_PRIOR_WEIGHT
+        return out
+
+    def length(self, cap: int, batch: int) -> int:
+        """Drafts to propose this step (``0``: paused, or ``cap <= 0``); call once a step."""
+        if cap <= 0:
+            return 0
+        best = 0
+        if self.can_pay(cap, batch) and self.pause.proposes():
+            best_value = expected = path = 1.0
+            for k, rate in enumerate(self.rates(cap), start=1):
+                path *= rate
+                expected += path
+                value = expected / self.cost(k, batch)
+                if best == 0 or value > best_value:
+                    best, best_value = k, value
+        self.lengths[best] = self.lengths.get(best, 0) + 1
+        return best
+
+    def can_pay(self, cap: int, batch: int) -> bool:
+        """Whether some length up to ``cap`` would beat a plain step if every draft were
+        accepted (a draft that costs about a target token never can: it is not even probed)."""
+        plain = self.target_cost(batch)
+        return any((k + 1) * plain > self.cost(k, batch) for k in range(1, cap + 1))
+
+    def record(self, drafted: list, accepted: list) -> None:
+        """One step that proposed: per request its drafts and how many were accepted."""
+        batch = len(drafted)
+        for depth_drafted, depth_accepted in zip(drafted, accepted):
+            # Depth j was tried when depth j - 1 was accepted.
+            for depth in range(min(depth_accepted + 1, depth_drafted)):
+                while len(self.counts) <= depth:
+                    self.counts.append([0, 0])
+                self.counts[depth][0] += 1
+                self.counts[depth][1] += int(depth < depth_accepted)
+        plain = self.target_cost(batch)
+        self.pause.record(sum(accepted) * plain / batch,
+                          self.cost(max(drafted, default=0), batch) - plain)
+
+    def report(self) -> dict:
+        """Steps by chosen length (``0``: paused, or a draft that cannot pay; steps with no
+        room for a draft are not counted), steps paused, and ``[tried, accepted]`` by depth."""
+        return {"lengths": dict(sorted(self.lengths.items())),
+                "steps_paused": self.pause.steps_paused,
+                "by_depth": [list(c) for c in self.counts]}
 
 
 # ---------------------------------------------------------------------------- candidates

@@ -9,6 +9,10 @@ user's own model after a cached prefix, kept per machine and model
 (:mod:`~specdec_kernels.decoding.machine_cache`), so later runs read it. ``specdec calibrate``
 measures again (:func:`calibrate`).
 
+A chain drafter also needs what one of its draft forwards costs: that is measured as a ratio to
+a target token, interleaved with the target's forwards (:func:`measure_draft_cost`), and
+cached the same way.
+
 ``SPECDEC_STEP_COST=shipped`` uses the curve the package ships (measured on its development
 CPU for the default model's shape) instead, as the tests do (their tree sizes must not depend on
 the machine's timing).
@@ -16,6 +20,7 @@ the machine's timing).
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -28,20 +33,28 @@ from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = [
+    "DRAFT_WIDTHS",
     "PREFIX",
     "WIDTHS",
     "calibrate",
+    "machine_draft_cost",
     "machine_step_cost",
+    "measure_draft_cost",
     "measure_step_cost",
     "step_cost_key",
+    "uses_shipped_curve",
 ]
 
 #: Tokens per request verified in one forward, at which ``c(T)`` is measured (the shipped
 #: curve's range; the budget interpolates between them).
 WIDTHS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Rows of a draft forward at which its cost is measured (a batch of requests, one token
+#: each, measured as one request's block of that width, as the target's curve is).
+DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)
 #: Cached tokens before the measured block (a short conversation's worth).
 PREFIX = 256
 _KIND = "step_cost"
+_DRAFT_KIND = "draft_cost"
 _ENV = "SPECDEC_STEP_COST"
 
 
@@ -50,13 +63,51 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _forward_block(runner, widths, prefix: int, gen, exit_layer=None) -> dict:
+    """``{T: call}``: one forward of ``runner`` over ``T`` random tokens after ``prefix`` cached
+    random tokens (the rows past the prefix are rewritten by every call, never committed)."""
+    vocab = runner.vocab_size
+    cache = runner.new_cache(1, prefix + max(widths))
+    runner.append(cache, [torch.randint(vocab, (prefix,), generator=gen).tolist()])
+    calls = {}
+    for t in widths:
+        block = torch.randint(vocab, (1, t), generator=gen).to(runner.device)
+        calls[t] = functools.partial(runner.forward, cache, block, cache.host_lens,
+                                     exit_layer=exit_layer)
+    return calls
+
+
+def _median_ms(calls: dict, device: torch.device, rounds: int) -> dict:
+    """``{name: ms}``: the median time of each call over ``rounds``, the calls interleaved round
+    by round (a drift of the machine's speed spreads over all of them)."""
+    samples: dict = {name: [] for name in calls}
+    # Two rounds warm up: in a process that has just loaded the model, the first forwards of
+    # each width run up to 1.5x slow (seen in the bench's first calibration, 2026-11-26).
+    for round_ in range(rounds + 2):
+        for name, call in calls.items():
+            _synchronize(device)
+            start = time.perf_counter()
+            call()
+            _synchronize(device)
+            if round_ >= 2:
+                samples[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def _non_decreasing(curve: dict) -> dict:
+    """A wider block never costs less: a lower reading is noise."""
+    out, floor = {}, 0.0
+    for t in sorted(curve):
+        floor = max(floor, curve[t])
+        out[t] = round(floor, 4)
+    return out
+
+
 @torch.inference_mode()
 def measure_step_cost(runner, *, widths=WIDTHS, prefix: int = PREFIX, rounds: int = 5) -> dict:
     """``{T: ms}``: the median over ``rounds`` of one forward of ``runner``'s model over ``T``
-    tokens of one request after ``prefix`` cached tokens (the rows past the prefix are
-    rewritten by every forward and never committed). Widths are interleaved round by round,
-    so a drift of the machine's speed spreads over all of them, and the curve is made
-    non-decreasing (a wider block never costs less; a lower reading is noise).
+    tokens of one request after ``prefix`` cached tokens, widths interleaved round by round,
+    the curve made non-decreasing.
 
     Parameters
     ----------
@@ -72,27 +123,43 @@ def measure_step_cost(runner, *, widths=WIDTHS, prefix: int = PREFIX, rounds: in
         ``{T: milliseconds}``.
     """
     widths = sorted(int(t) for t in widths)
+    calls = _forward_block(runner, widths, prefix, torch.Generator().manual_seed(0))
+    return _non_decreasing(_median_ms(calls, runner.device, rounds))
+
+
+@torch.inference_mode()
+def measure_draft_cost(target, draft, *, exit_layer: int | None = None, widths=DRAFT_WIDTHS,
+                       prefix: int = PREFIX, rounds: int = 5) -> dict:
+    """``{T: r}``: one forward of the draft over ``T`` tokens, in units of one forward of the
+    target over one token, both after ``prefix`` cached tokens and interleaved round by round.
+
+    A ratio taken within one run: the draft's and the target's costs measured minutes apart
+    on a shared host can differ by half from its drift alone (seen on the development CPU,
+    2026-11-27), and a chain's length is decided by their ratio.
+
+    Parameters
+    ----------
+    target : ModelRunner
+    draft : ModelRunner
+        The draft's runner (the target's own, with ``exit_layer``, for a layer-skip draft).
+    exit_layer : int, optional
+        The draft's forward leaves after this many decoder layers.
+    widths, prefix, rounds
+        As in :func:`measure_step_cost`.
+
+    Returns
+    -------
+    dict
+        ``{T: draft ms / target ms at T = 1}``, non-decreasing.
+    """
+    widths = sorted(int(t) for t in widths)
     gen = torch.Generator().manual_seed(0)
-    vocab = runner.vocab_size
-    cache = runner.new_cache(1, prefix + widths[-1])
-    runner.append(cache, [torch.randint(vocab, (prefix,), generator=gen).tolist()])
-    blocks = {t: torch.randint(vocab, (1, t), generator=gen).to(runner.device) for t in widths}
-    samples: dict = {t: [] for t in widths}
-    # Two rounds warm up: in a process that has just loaded the model, the first forwards of
-    # each width run up to 1.5x slow (seen in the bench's first calibration, 2026-11-26).
-    for round_ in range(rounds + 2):
-        for t in widths:
-            _synchronize(runner.device)
-            start = time.perf_counter()
-            runner.forward(cache, blocks[t], cache.host_lens)
-            _synchronize(runner.device)
-            if round_ >= 2:
-                samples[t].append((time.perf_counter() - start) * 1e3)
-    curve, floor = {}, 0.0
-    for t in widths:
-        floor = max(floor, statistics.median(samples[t]))
-        curve[t] = round(floor, 4)
-    return curve
+    calls = {("draft", t): call for t, call in
+             _forward_block(draft, widths, prefix, gen, exit_layer).items()}
+    calls["target"] = _forward_block(target, (1,), prefix, gen)[1]
+    times = _median_ms(calls, target.device, rounds)
+    unit = times.pop("target")
+    return _non_decreasing({t: ms / unit for (_, t), ms in times.items()})
 
 
 def weight_formats(model) -> list:
@@ -110,15 +177,16 @@ def weight_formats(model) -> list:
     return sorted(formats)
 
 
-def step_cost_key(runner) -> dict:
+def step_cost_key(runner, exit_layer: int | None = None) -> dict:
     """What a step's cost depends on besides the machine (:func:`machine_cache.fingerprint`):
-    the model's shape, its weights' dtype, the device, the kernels in use and whether the
-    forwards call the model or run its direct forward."""
+    the model's shape, its weights' dtype, the device, the kernels in use, whether the
+    forwards call the model or run its direct forward, and the layer a forward that leaves
+    early leaves after."""
     c = runner.config
     shape = {name: getattr(c, name, None) for name in (
         "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads", "vocab_size")}
-    return {
+    key = {
         "model": shape,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "weights": weight_formats(runner.model),
@@ -128,6 +196,9 @@ def step_cost_key(runner) -> dict:
         "widths": list(WIDTHS),
         "prefix": PREFIX,
     }
+    if exit_layer is not None:
+        key["exit_layer"] = exit_layer
+    return key
 
 
 def calibrate(runner) -> StepCost:
@@ -136,6 +207,20 @@ def calibrate(runner) -> StepCost:
     measured = {"latency_ms": measure_step_cost(runner)}
     machine_cache.store(_KIND, step_cost_key(runner), measured)
     return StepCost(measured["latency_ms"], source=f"measured here ({machine_cache.cache_file()})")
+
+
+def uses_shipped_curve() -> bool:
+    """Whether ``SPECDEC_STEP_COST=shipped`` stands in for this machine's measurements.
+
+    Raises
+    ------
+    ValueError
+        ``SPECDEC_STEP_COST`` set to something other than ``machine`` or ``shipped``.
+    """
+    setting = os.environ.get(_ENV, "machine").strip().lower() or "machine"
+    if setting not in ("machine", "shipped"):
+        raise ValueError(f"{_ENV} must be 'machine' or 'shipped', got {setting!r}")
+    return setting == "shipped"
 
 
 def machine_step_cost(runner) -> StepCost:
@@ -148,10 +233,7 @@ def machine_step_cost(runner) -> StepCost:
     ValueError
         ``SPECDEC_STEP_COST`` set to something other than ``machine`` or ``shipped``.
     """
-    setting = os.environ.get(_ENV, "machine").strip().lower() or "machine"
-    if setting not in ("machine", "shipped"):
-        raise ValueError(f"{_ENV} must be 'machine' or 'shipped', got {setting!r}")
-    if setting == "shipped":
+    if uses_shipped_curve():
         return StepCost.load(None)
     found = machine_cache.lookup(_KIND, step_cost_key(runner))
     if found is not None:
@@ -159,3 +241,32 @@ def machine_step_cost(runner) -> StepCost:
     print(f"specdec: measuring this machine's step cost for the model (once; kept in "
           f"{machine_cache.cache_file()})", file=sys.stderr)
     return calibrate(runner)
+
+
+def machine_draft_cost(target, draft, exit_layer: int | None = None) -> dict | None:
+    """A draft forward's cost in target tokens on this machine (:func:`measure_draft_cost`),
+    from the machine cache or measured once; ``None`` under ``SPECDEC_STEP_COST=shipped``
+    (the shipped curve is the target's alone).
+
+    Parameters
+    ----------
+    target, draft : ModelRunner
+    exit_layer : int, optional
+        The draft's forward leaves after this many layers.
+
+    Returns
+    -------
+    dict or None
+        ``{T: ratio}``.
+    """
+    if uses_shipped_curve():
+        return None
+    key = {"target": step_cost_key(target), "draft": step_cost_key(draft, exit_layer),
+           "widths": list(DRAFT_WIDTHS)}
+    found = machine_cache.lookup(_DRAFT_KIND, key)
+    if found is None:
+        print(f"specdec: measuring this machine's draft cost against the target (once; kept "
+              f"in {machine_cache.cache_file()})", file=sys.stderr)
+        found = {"ratio": measure_draft_cost(target, draft, exit_layer=exit_layer)}
+        machine_cache.store(_DRAFT_KIND, key, found)
+    return {int(t): r for t, r in found["ratio"].items()}

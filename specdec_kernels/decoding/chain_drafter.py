@@ -1,5 +1,7 @@
 """Drafters that run a model autoregressively for ``K`` tokens (a draft model, or the target's
-own first layers), with a fixed or adaptive ``K`` and an optional confidence cut-off."""
+own first layers), with a fixed or adaptive ``K`` and an optional confidence cut-off, each step
+shortened (to nothing, when drafting does not pay) by the cost model
+(:class:`~specdec_kernels.decoding.budget.ChainBudget`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,9 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
+from specdec_kernels.decoding import calibration
+from specdec_kernels.decoding.budget import ChainBudget
+from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import (
     CHAIN_LIMIT_REASON,
     MAX_CHAIN_DRAFTS,
@@ -26,8 +31,9 @@ _NEVER = -1e30
 class AutoregressiveDrafter(Drafter):
     """Base class: draft a chain token by token from a model's logits.
 
-    Subclasses provide :meth:`_first_logits` (after the pending token) and
-    :meth:`_next_logits` (after draft ``i``).
+    Subclasses provide :meth:`_first_logits` (after the pending token),
+    :meth:`_next_logits` (after draft ``i``) and :meth:`_draft_cost` (what one draft forward
+    costs).
 
     Parameters
     ----------
@@ -44,6 +50,18 @@ class AutoregressiveDrafter(Drafter):
         (the uncertain token is not proposed). The loop stops when every request has
         stopped, which reads the device once per drafted token; ``None`` (default) never
         stops early and reads nothing.
+    budget : bool
+        Let the cost model shorten each step's chain below ``K``, to no drafts at all while
+        drafting does not pay (:class:`~specdec_kernels.decoding.budget.ChainBudget`, from
+        the target's and the draft's step costs and the measured acceptance). It needs the
+        draft's cost: ``draft_cost_curve``, else this machine's, measured against the
+        target's on first use and cached
+        (:func:`~specdec_kernels.decoding.calibration.machine_draft_cost`); under
+        ``SPECDEC_STEP_COST=shipped`` without ``draft_cost_curve`` there is none, and ``K``
+        is used as it is.
+    cost_curve, draft_cost_curve : str, Path, dict, StepCost, optional
+        ``c(T)`` of the target's and the draft's forwards (see
+        :meth:`~specdec_kernels.decoding.cost.StepCost.load`); default: this machine's.
     """
 
     def __init__(
@@ -54,6 +72,9 @@ class AutoregressiveDrafter(Drafter):
         min_draft: int = 1,
         max_draft: int = 8,
         confidence_threshold: float | None = None,
+        budget: bool = True,
+        cost_curve=None,
+        draft_cost_curve=None,
     ):
         for name, value in (("num_draft", num_draft), ("min_draft", min_draft),
                             ("max_draft", max_draft)):
@@ -72,6 +93,12 @@ class AutoregressiveDrafter(Drafter):
         self.min_draft = min_draft
         self.max_draft = max_draft
         self.confidence_threshold = confidence_threshold
+        self.budget = budget
+        self.cost_curve = cost_curve
+        self.draft_cost_curve = draft_cost_curve
+        self._costs = None  # (target, draft) StepCost once known
+        self._chain_budget = None
+        self._depths: list = []
         self._k = num_draft
         self._drafted = 0
         self._vocab = 0
@@ -89,10 +116,34 @@ class AutoregressiveDrafter(Drafter):
             "adaptive": self.adaptive,
             "max_draft": self.max_draft,
             "confidence_threshold": self.confidence_threshold,
+            "budget": self.budget,
         }
+
+    def report(self) -> dict:
+        return {} if self._chain_budget is None else {"budget": self._chain_budget.report()}
 
     def start(self, state: DecodeState) -> None:
         self._k = self.num_draft
+        self._chain_budget = None
+        if self.budget:
+            costs = self._step_costs(state.runner)
+            if costs is not None:
+                self._chain_budget = ChainBudget(*costs, first_draft_prior=self.first_draft_prior)
+
+    def _step_costs(self, runner) -> tuple | None:
+        """``(target, draft)`` step costs for the budget (``None``: the draft's is unknown)."""
+        if self._costs is None:
+            target = runner.step_cost(self.cost_curve)
+            if self.draft_cost_curve is not None:
+                draft = StepCost.load(self.draft_cost_curve)
+            else:
+                ratio = self._draft_cost(runner)
+                if ratio is None:
+                    return None
+                draft = StepCost({t: r * target(1) for t, r in ratio.items()},
+                                 source="measured here, against the target")
+            self._costs = (target, draft)
+        return self._costs
 
     # ------------------------------------------------------------------ to implement
 
@@ -103,6 +154,12 @@ class AutoregressiveDrafter(Drafter):
     def _next_logits(self, state: DecodeState, tokens: Tensor, depth: int) -> Tensor:
         """``[B, V']`` logits after draft ``depth`` (``tokens``, ``[B]``), placed at row
         ``starts[b] + depth``."""
+        raise NotImplementedError
+
+    def _draft_cost(self, runner) -> dict | None:
+        """``{T: r}``: one draft forward over ``T`` rows costs ``r`` target tokens on this
+        machine (``runner`` is the target's;
+        :func:`~specdec_kernels.decoding.calibration.machine_draft_cost`)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ drafting
@@ -120,6 +177,8 @@ class AutoregressiveDrafter(Drafter):
     def propose(self, state: DecodeState) -> ChainProposal:
         batch = state.batch
         k = min(self._k, max(state.remaining) - 1)
+        if self._chain_budget is not None:
+            k = self._chain_budget.length(k, batch)
         if k <= 0:
             self._drafted = 0
             empty = state.pending.new_zeros((batch, 0))
@@ -153,12 +212,17 @@ class AutoregressiveDrafter(Drafter):
             sure = torch.stack(confident, 1).long().cumprod(1).sum(1)
             num_draft = torch.minimum(num_draft, sure)
             depths = num_draft.tolist()
+        self._depths = depths
         return ChainProposal(
             drafts, num_draft, depths, torch.stack(probs, 1) if want_probs else None
         )
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
-        if not self.adaptive or self._drafted == 0:
+        if self._drafted == 0:
+            return
+        if self._chain_budget is not None:
+            self._chain_budget.record(self._depths, outcome.num_accepted)
+        if not self.adaptive:
             return
         if all(n >= self._drafted for n in outcome.num_accepted):
             self._k = min(self._k + 2, self.max_draft)

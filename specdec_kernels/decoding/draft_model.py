@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec_kernels.decoding import calibration
 from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
 from specdec_kernels.decoding.drafter import DecodeState, StepOutcome
 from specdec_kernels.decoding.runner import ModelRunner
@@ -39,7 +40,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
     tokenizer : optional
         The draft model's tokenizer; when given (and the target's is known) the vocabularies
         must match exactly.
-    num_draft, adaptive, min_draft, max_draft, confidence_threshold
+    num_draft, adaptive, min_draft, max_draft, confidence_threshold, budget, cost_curve, draft_cost_curve
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
 
@@ -91,6 +92,9 @@ class DraftModelDrafter(AutoregressiveDrafter):
         """Put each context's committed rows (all but its pending token) into the draft's
         cache: a prefill of the draft model."""
         self.runner.prefill(self.cache, [ctx[:-1] for ctx in state.contexts])
+
+    def _draft_cost(self, runner) -> dict | None:
+        return calibration.machine_draft_cost(runner, self.runner)
 
     def _first_logits(self, state: DecodeState) -> Tensor:
         # Catch up with every emitted token the draft has not seen (the pending token, and

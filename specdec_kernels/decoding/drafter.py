@@ -67,6 +67,12 @@ machine's for this model, measured on first use and cached,
 step: :class:`~specdec_kernels.decoding.budget.TreeBudget` keeps the nodes that maximise
 expected tokens per unit of step cost (retrieval and merged prophets use it each step; Medusa's
 static tree is the same budget applied once to its rank-path tree).
+:class:`~specdec_kernels.decoding.budget.ChainBudget` sizes a chain the same way, weighing
+also the draft's own forwards (their cost measured as a ratio to a target token,
+:func:`~specdec_kernels.decoding.calibration.machine_draft_cost`), down to no drafts while
+drafting does not pay: every :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`
+uses it, and a new chain drafter only says what its draft forward is
+(``_draft_cost``).
 
 **A drafter's own network** (``runner.linears(module)``, a factory of contexts). A drafter that
 runs a network of its own (EAGLE's draft layer) gets the factory once in :meth:`Drafter.bind`
@@ -414,9 +420,10 @@ class Drafter:
     name = "drafter"
 
     #: P(its first draft is accepted) before any evidence, for a budget that merges its
-    #: proposals (:class:`~specdec_kernels.decoding.multi.MultiDrafter`); ``None`` (default):
-    #: judged by how deep it drafted (``budget.CLASS_PRIORS``), for drafters that draft deep
-    #: only when they are sure.
+    #: proposals (:class:`~specdec_kernels.decoding.multi.MultiDrafter`) or sizes its chain
+    #: (:class:`~specdec_kernels.decoding.budget.ChainBudget`); ``None`` (default): judged by
+    #: how deep it drafted (``budget.CLASS_PRIORS``), for drafters that draft deep only when
+    #: they are sure, and ``budget.CHAIN_PRIOR`` for a chain.
     first_draft_prior: float | None = None
 
     #: Whether a merging drafter (:class:`~specdec_kernels.decoding.multi.MultiDrafter`) may

@@ -59,9 +59,13 @@ import torch
 
 from specdec_kernels.decoding.acceptance import LOSSLESS
 from specdec_kernels.decoding.budget import (
+    MAX_PAUSE_STEPS,
+    PAUSE_STEPS,
+    PROBE_STEPS,
     AcceptanceStats,
     CandidateTree,
     OutcomeJudge,
+    ProphetPause,
     TreeBudget,
     budgeted_trees,
 )
@@ -77,51 +81,7 @@ from specdec_kernels.decoding.drafter import (
 )
 from specdec_kernels.decoding.runner import FeatureSpec
 
-__all__ = ["MAX_PAUSE_STEPS", "PAUSE_STEPS", "MultiDrafter", "ProphetPause"]
-
-#: Steps a prophet that did not pay sits out before it proposes again (doubled while it keeps
-#: not paying, up to :data:`MAX_PAUSE_STEPS`).
-PAUSE_STEPS = 8
-MAX_PAUSE_STEPS = 128
-#: Steps a prophet proposes (after the start, or after a pause) before it can be paused.
-PROBE_STEPS = 6
-#: Weight of the newest step in the running averages of a prophet's credit and cost.
-_RECENT = 0.25
-
-
-class ProphetPause:
-    """Whether one pausable prophet proposes this step: running averages of what its accepted
-    drafts were worth and what its proposing cost, in seconds a step (see the module notes)."""
-
-    def __init__(self):
-        self.steps_paused = 0
-        self._worth = self._cost = 0.0
-        self._observed = 0  # steps proposed since the start or the last pause
-        self._left = 0  # steps left in the current pause
-        self._next_pause = PAUSE_STEPS
-
-    def proposes(self) -> bool:
-        """Whether the prophet proposes this step (counts a paused step)."""
-        if self._left > 0:
-            self._left -= 1
-            self.steps_paused += 1
-            return False
-        return True
-
-    def record(self, worth: float, cost: float) -> None:
-        """A step it proposed: its credit and its proposing time, in seconds."""
-        first = self._observed == 0
-        self._worth = worth if first else self._worth + _RECENT * (worth - self._worth)
-        self._cost = cost if first else self._cost + _RECENT * (cost - self._cost)
-        self._observed += 1
-        if self._observed < PROBE_STEPS:
-            return
-        if self._worth < self._cost:
-            self._left, self._observed = self._next_pause, 0
-            self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
-        else:
-            self._next_pause = PAUSE_STEPS
-
+__all__ = ["MAX_PAUSE_STEPS", "PAUSE_STEPS", "PROBE_STEPS", "MultiDrafter", "ProphetPause"]
 
 def _host_trees(proposal: Proposal, pending) -> list:
     """Per request the ``(tokens, parents)`` host lists of a prophet's block (root first)."""

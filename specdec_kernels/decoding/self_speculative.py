@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from specdec_kernels.decoding import calibration
 from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
 from specdec_kernels.decoding.drafter import DecodeState
 
@@ -32,7 +33,7 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
     num_layers : int, optional
         Layers used by the draft, in ``[1, num_hidden_layers - 1]``; by default all but the
         last ``DEFAULT_LAYERS_SKIPPED``.
-    num_draft, adaptive, min_draft, max_draft, confidence_threshold
+    num_draft, adaptive, min_draft, max_draft, confidence_threshold, budget, cost_curve, draft_cost_curve
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
 
@@ -67,6 +68,9 @@ class SelfSpeculativeDrafter(AutoregressiveDrafter):
         out = super().describe()
         out["num_layers"] = self._exit if self._exit is not None else self.num_layers
         return out
+
+    def _draft_cost(self, runner) -> dict | None:
+        return calibration.machine_draft_cost(runner, runner, self._exit)
 
     def _first_logits(self, state: DecodeState) -> Tensor:
         return self._draft_forward(state, state.pending, 0)
