@@ -256,3 +256,27 @@ def test_every_chain_length_choice_is_a_valid_cap():
     for cap, batch in itertools.product((0, 1, 7), (1, 4)):
         k = budget.length(cap, batch)
         assert 0 <= k <= cap and (cap == 0) == (k == 0)
+
+
+def test_recalibrating_the_target_remeasures_its_drafts(target, monkeypatch, tmp_path):
+    """A draft's cost is a ratio to the target's: ``specdec calibrate`` (``calibrate``) drops
+    the target's draft entries on this machine, and only those."""
+    from specdec_kernels.decoding import ModelRunner, machine_cache
+
+    monkeypatch.setenv("SPECDEC_STEP_COST", "machine")
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda runner, **k: {1: 10.0, 64: 20.0})
+    ratios = iter([{1: 0.3}, {1: 0.6}])
+    monkeypatch.setattr(calibration, "measure_draft_cost", lambda *a, **k: next(ratios))
+    runner, other = ModelRunner(target), ModelRunner(tiny_model("llama", vocab=48, layers=2))
+    try:
+        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.3}
+        machine_cache.store("draft_cost", {"target": calibration.step_cost_key(other)}, {"ratio": {"1": 0.9}})
+        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.3}  # cached
+        calibration.calibrate(runner)
+        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.6}  # measured again
+        kept = machine_cache.lookup("draft_cost", {"target": calibration.step_cost_key(other)})
+        assert kept == {"ratio": {"1": 0.9}}
+    finally:
+        runner.release()
+        other.release()

@@ -203,9 +203,12 @@ def step_cost_key(runner, exit_layer: int | None = None) -> dict:
 
 def calibrate(runner) -> StepCost:
     """Measure ``c(T)`` of ``runner``'s model on this machine now (:func:`measure_step_cost`)
-    and keep it in the machine cache for later runs (``specdec calibrate``)."""
+    and keep it in the machine cache for later runs (``specdec calibrate``); its drafts' costs
+    (:func:`machine_draft_cost`) are measured again at their next use."""
     measured = {"latency_ms": measure_step_cost(runner)}
     machine_cache.store(_KIND, step_cost_key(runner), measured)
+    # Its drafts' costs were ratios to the old measurement: measured again at next use.
+    machine_cache.forget(_DRAFT_KIND, {**machine_cache.fingerprint(), "target": step_cost_key(runner)})
     return StepCost(measured["latency_ms"], source=f"measured here ({machine_cache.cache_file()})")
 
 

@@ -115,10 +115,17 @@ def store(kind: str, key: dict | None, value: dict) -> None:
         pass
 
 
-def forget(kind: str | None = None) -> None:
-    """Drop the stored measurements of ``kind`` (every kind when None), on every machine."""
+def forget(kind: str | None = None, where: dict | None = None) -> None:
+    """Drop the stored measurements of ``kind`` (every kind when None) whose key holds every
+    item of ``where`` (on every machine when None; ``{**fingerprint(), ...}`` for this one)."""
+
+    def dropped(entry: str) -> bool:
+        key = json.loads(entry)
+        return (kind is None or key.get("kind") == kind) and all(
+            key.get(name) == value for name, value in (where or {}).items())
+
     data = _load()
-    kept = {k: v for k, v in data.items() if kind is not None and json.loads(k).get("kind") != kind}
+    kept = {k: v for k, v in data.items() if not dropped(k)}
     if kept == data:
         return
     try:
