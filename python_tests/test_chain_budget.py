@@ -23,47 +23,44 @@ from specdec_kernels.decoding.budget import (
     PAUSE_STEPS,
     PROBE_STEPS,
     ChainBudget,
+    ChainBudgets,
 )
 
 FLAT = {1: 10.0, 128: 10.0}  # verifying more rows costs nothing extra
 
 
-def brute_force_length(budget, cap, batch):
+def brute_force_length(budget, cap):
     """The length maximising expected tokens per cost, by enumerating every length."""
     best, best_value = None, -1.0
     for k in range(1, cap + 1):
         rates = budget.rates(k)
         expected = 1.0 + sum(math.prod(rates[:i]) for i in range(1, k + 1))
-        value = expected / (budget.target_cost(batch * (k + 1)) + k * budget.draft_cost(batch))
+        value = expected / (budget.target_cost(k + 1) + k * budget.draft_cost(1))
         if value > best_value + 1e-12:
             best, best_value = k, value
     return best
 
 
-@pytest.mark.parametrize("accepted_rate, draft_ms, batch", [
-    (0.9, 0.5, 1), (0.9, 3.0, 1), (0.6, 1.0, 3), (0.3, 0.2, 1), (0.95, 0.1, 5)])
-def test_length_maximises_expected_tokens_per_cost(accepted_rate, draft_ms, batch):
+@pytest.mark.parametrize("accepted_rate, draft_ms", [(0.9, 0.5), (0.9, 3.0), (0.6, 1.0), (0.3, 0.2), (0.95, 0.1)])
+def test_length_maximises_expected_tokens_per_cost(accepted_rate, draft_ms):
     target = {1: 10.0, 2: 10.5, 4: 11.0, 8: 13.0, 16: 18.0, 32: 30.0, 64: 55.0}
     budget = ChainBudget(target, {1: draft_ms, 64: draft_ms * 3})
     gen = torch.Generator().manual_seed(0)
     for _ in range(40):  # evidence at depths 1..6
-        drafted = [6] * batch
-        accepted = [int((torch.rand(6, generator=gen) < accepted_rate).long().cumprod(0).sum())
-                    for _ in range(batch)]
-        budget.record(drafted, accepted)
+        budget.record(6, int((torch.rand(6, generator=gen) < accepted_rate).long().cumprod(0).sum()))
     for cap in (1, 2, 5, 9):
         budget.pause = type(budget.pause)()  # judge the length only
-        assert budget.length(cap, batch) == brute_force_length(budget, cap, batch)
+        assert budget.length(cap) == brute_force_length(budget, cap)
 
 
 def test_acceptance_is_counted_by_depth_tried():
     budget = ChainBudget(FLAT, FLAT)
-    budget.record([4, 4, 2], [0, 2, 2])
+    for drafted, accepted in ((4, 0), (4, 2), (2, 2)):
+        budget.record(drafted, accepted)
     # Depth 1 tried by all three, accepted by two; depth 2 tried by two, accepted by two;
     # depth 3 tried once (the request with 2 accepted of 4), rejected; the third request
     # drafted only 2, so its depth 3 was never tried.
     assert budget.report()["by_depth"] == [[3, 2], [2, 2], [1, 0]]
-    # A depth never tried is estimated from the one before.
     # A depth leans on the one before with DEPTH_PRIOR_WEIGHT pseudo-observations; one never
     # tried is estimated as the one before.
     w = DEPTH_PRIOR_WEIGHT
@@ -78,8 +75,8 @@ def test_an_accepted_chain_grows_to_the_cap():
     budget = ChainBudget({1: 10.0, 2: 10.5, 4: 11.5, 8: 14.0, 16: 20.0}, {1: 1.0, 16: 1.0})
     lengths = []
     for _ in range(12):
-        lengths.append(budget.length(8, 1))
-        budget.record([lengths[-1]], [lengths[-1]])
+        lengths.append(budget.length(8))
+        budget.record(lengths[-1], lengths[-1])
     assert lengths[0] == 2  # the prior's 0.5 a depth: two drafts are worth their cost
     assert lengths[-1] == 8 and lengths == sorted(lengths)
 
@@ -87,43 +84,58 @@ def test_an_accepted_chain_grows_to_the_cap():
 def test_a_chain_that_does_not_pay_pauses_longer_each_time_and_comes_back_when_it_pays():
     # A draft at a fifth of a target token whose drafts are all rejected.
     budget = ChainBudget(FLAT, {1: 2.0, 128: 2.0})
-    pauses, steps, run = [], 0, 0
+    pauses, run = [], 0
     while len(pauses) < 6:
-        k = budget.length(3, 1)
-        steps += 1
+        k = budget.length(3)
         if k == 0:
             run += 1
             continue
         if run:
             pauses.append(run)
             run = 0
-        budget.record([k], [0])
+        budget.record(k, 0)
     assert pauses == [min(PAUSE_STEPS * 2 ** i, MAX_PAUSE_STEPS) for i in range(6)]
     assert budget.report()["steps_paused"] == sum(pauses) + run
-    # Every draft accepted: it pays from the first probe on, so it never
-    # pauses again, and once the evidence outweighs the rejections it drafts the whole chain.
-    while budget.length(3, 1) == 0:
+    # Every draft accepted: it pays from the first probe on, so it never pauses again, and
+    # once the evidence outweighs the rejections it drafts the whole chain.
+    while budget.length(3) == 0:
         pass
     lengths = []
     for _ in range(MAX_PAUSE_STEPS + 30):
-        lengths.append(budget.length(3, 1))
-        budget.record([lengths[-1]], [lengths[-1]])
+        lengths.append(budget.length(3))
+        budget.record(lengths[-1], lengths[-1])
     assert 0 not in lengths and lengths[-30:] == [3] * 30
     assert lengths == sorted(lengths)
 
 
 def test_a_draft_that_cannot_pay_even_if_always_right_is_never_run():
     budget = ChainBudget({1: 10.0, 2: 11.0, 64: 60.0}, {1: 9.5, 64: 40.0})
-    assert not budget.can_pay(8, 1)
-    assert [budget.length(8, 1) for _ in range(300)] == [0] * 300
+    assert not budget.can_pay(8)
+    assert [budget.length(8) for _ in range(300)] == [0] * 300
     assert budget.report()["steps_paused"] == 0 and budget.report()["lengths"] == {0: 300}
     # The same draft beside a target whose wider blocks cost nothing more can pay.
-    assert ChainBudget(FLAT, {1: 9.5, 64: 40.0}).can_pay(8, 1)
+    assert ChainBudget(FLAT, {1: 9.5, 64: 40.0}).can_pay(8)
+    # Guesses that cost nothing to make pay whenever a wider block costs less than a token.
+    assert ChainBudget({1: 10.0, 2: 15.0, 64: 600.0}, None).can_pay(1)
+    assert not ChainBudget({1: 10.0, 2: 20.0, 64: 640.0}, None).can_pay(8)
 
 
 def test_bad_prior_is_refused():
     with pytest.raises(ValueError, match="first_draft_prior must be in"):
         ChainBudget(FLAT, FLAT, first_draft_prior=1.0)
+
+
+def test_requests_have_budgets_of_their_own_and_finished_ones_stay_in_the_report():
+    budgets = ChainBudgets(3, FLAT, {1: 1.0, 128: 1.0})
+    for _ in range(30):
+        lengths = budgets.lengths([4, 4, 4])
+        budgets.record(lengths, [lengths[0], 0, lengths[2] // 2])  # request 1: all rejected
+    assert budgets.running[0].lengths.get(4, 0) > 20  # always accepted: the whole chain
+    assert budgets.running[1].pause.steps_paused >= PAUSE_STEPS
+    budgets.select_requests([0, 2])
+    report = budgets.report()
+    assert report["steps_paused"] == sum(b.pause.steps_paused for b in budgets.finished + budgets.running)
+    assert sum(report["lengths"].values()) == 90
 
 
 # ---------------------------------------------------------------------------- in the loop
@@ -253,8 +265,8 @@ def test_budget_off_drafts_k_every_step(target):
 
 def test_every_chain_length_choice_is_a_valid_cap():
     budget = ChainBudget({1: 10.0, 8: 10.0, 64: 60.0}, {1: 0.1, 64: 0.2})
-    for cap, batch in itertools.product((0, 1, 7), (1, 4)):
-        k = budget.length(cap, batch)
+    for cap in (0, 1, 7, 0, 3):
+        k = budget.length(cap)
         assert 0 <= k <= cap and (cap == 0) == (k == 0)
 
 
@@ -280,3 +292,34 @@ def test_recalibrating_the_target_remeasures_its_drafts(target, monkeypatch, tmp
     finally:
         runner.release()
         other.release()
+
+
+def test_jacobi_guesses_are_verified_only_while_they_pay(target):
+    """Jacobi's guesses cost only their verification rows: on a flat curve they are free and
+    verified every step; where each row costs something, the rejected guesses of a random
+    model are paused; the output is the plain loop's either way, and without the budget every
+    step verifies K guesses."""
+    from specdec_kernels.decoding import JacobiDrafter
+
+    out = generate(target, PROMPTS, drafter=JacobiDrafter(3, cost_curve=FLAT), max_new_tokens=40,
+                   eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS)
+    report = out.stats.drafter_report["budget"]
+    assert report["steps_paused"] == 0 and 0 not in report["lengths"]
+    sloped = {1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0, 16: 25.0}
+    out = generate(target, PROMPTS, drafter=JacobiDrafter(3, cost_curve=sloped),
+                   max_new_tokens=40, eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS)
+    report = out.stats.drafter_report["budget"]
+    tried, accepted = report["by_depth"][0]
+    assert accepted / tried < 0.2 and report["steps_paused"] >= PAUSE_STEPS
+    # Verifying a guess costs as much as a token: never tried.
+    steep = {t: 10.0 * t for t in (1, 2, 4, 8, 16)}
+    out = generate(target, PROMPTS, drafter=JacobiDrafter(3, cost_curve=steep), max_new_tokens=40,
+                   eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS)
+    assert all(not r.proposed_at for r in out.stats.requests)
+    out = generate(target, PROMPTS[:1], drafter=JacobiDrafter(3, budget=False), max_new_tokens=20,
+                   eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS[:1], 20)
+    assert out.stats.requests[0].proposed_at[2] >= out.stats.requests[0].target_forwards - 3

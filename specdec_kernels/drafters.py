@@ -357,7 +357,9 @@ class LookaheadOptions:
 
 @dataclass
 class JacobiOptions:
-    num_guesses: int = integer(4, "tokens guessed per step K")
+    num_guesses: int = integer(4, "tokens guessed per step K (at most, with the budget)")
+    budget: bool = api_only(True)
+    cost_curve: object = _cost_curve()
 
 
 @dataclass

@@ -38,6 +38,7 @@ __all__ = [
     "AcceptanceStats",
     "CandidateTree",
     "ChainBudget",
+    "ChainBudgets",
     "OutcomeJudge",
     "ProphetPause",
     "TreeBudget",
@@ -285,31 +286,35 @@ CHAIN_PRIOR = 0.5
 
 
 class ChainBudget:
-    """How many drafts a chain drafter proposes each step, from ``0`` to a cap.
+    """How many drafts one request's chain holds each step, from ``0`` to a cap.
 
     A chain of ``K`` drafts is expected to emit ``E(K) = 1 + sum_{i <= K} prod_{j <= i} a_j``
     tokens, ``a_j`` the acceptance of depth ``j`` when depth ``j - 1`` was accepted, and to
-    cost ``c_t(B (K + 1)) + K c_d(B)``: the target verifies ``K + 1`` rows of each of ``B``
-    requests, the draft runs ``K`` forwards of ``B`` rows. The length kept maximises
-    ``E(K) / cost(K)`` over ``1 .. cap``. ``a_j`` is the posterior mean of what depth ``j``
-    measured under a prior of :data:`DEPTH_PRIOR_WEIGHT` observations at ``a_{j-1}`` (``a_1``'s
-    prior is ``first_draft_prior``, one observation): a depth never tried is taken to do as
-    well as the one before, so a chain that is accepted grows until a depth measures worse,
-    and a few unlucky first tries of a depth do not shut it for the rest of the run.
+    cost ``c_t(K + 1) + K c_d(1)``: the target verifies ``K + 1`` rows, the draft runs ``K``
+    forwards. The length kept maximises ``E(K) / cost(K)`` over ``1 .. cap``. ``a_j`` is the
+    posterior mean of what depth ``j`` measured under a prior of :data:`DEPTH_PRIOR_WEIGHT`
+    observations at ``a_{j-1}`` (``a_1``'s prior is ``first_draft_prior``, one observation): a
+    depth never tried is taken to do as well as the one before, so a chain that is accepted
+    grows until a depth measures worse, and a few unlucky first tries of a depth do not shut
+    it for the rest of the run.
 
     Whether drafting pays at all is judged over recent steps (:class:`ProphetPause`) on the
-    same model: credit is the accepted drafts times a request's share of a plain step
-    (``c_t(B) / B``), cost is what the step cost beyond a plain one (``cost(K) - c_t(B)``);
-    while paused the drafter proposes nothing and the step is a plain one. A draft that would
-    not pay even if every draft were accepted (:meth:`can_pay`) is never run. Nothing here is
-    timed: with the same curves and outcomes the lengths are the same, so a seeded sampled
-    run repeats.
+    same model: credit is the accepted drafts times a plain step's cost ``c_t(1)``, cost is
+    what the step cost beyond a plain one (``cost(K) - c_t(1)``); while paused the request
+    gets no drafts. A draft that would not pay even if every draft were accepted
+    (:meth:`can_pay`) is never run.
+
+    One budget per request, costed as if the request ran alone: a request's lengths, and so
+    its sampled output, do not depend on the rest of its batch. Nothing here is timed: with
+    the same curves and outcomes the lengths are the same, so a seeded sampled run repeats.
 
     Parameters
     ----------
-    target_cost, draft_cost : StepCost, str or dict
-        ``c_t(T)``, the target's forward over ``T`` rows, and ``c_d(T)``, the draft's (see
-        :meth:`StepCost.load`).
+    target_cost : StepCost, str or dict
+        ``c_t(T)``, the target's forward over ``T`` rows (see :meth:`StepCost.load`).
+    draft_cost : StepCost, str, dict or None
+        ``c_d(T)``, the draft's; ``None``: drafts cost nothing to make (Jacobi's guesses are
+        the step's own outputs), only their verification.
     first_draft_prior : float, optional
         P(first draft accepted) before any evidence (default :data:`CHAIN_PRIOR`).
     """
@@ -320,15 +325,16 @@ class ChainBudget:
         if not 0.0 < first_draft_prior < 1.0:
             raise ValueError(f"first_draft_prior must be in (0, 1), got {first_draft_prior}")
         self.target_cost = StepCost.load(target_cost)
-        self.draft_cost = StepCost.load(draft_cost)
+        self.draft_cost = None if draft_cost is None else StepCost.load(draft_cost)
         self.first_draft_prior = first_draft_prior
         self.counts: list = []  # per depth - 1: [tried, accepted]
         self.pause = ProphetPause()
         self.lengths: dict = {}  # chosen length -> steps
 
-    def cost(self, length: int, batch: int) -> float:
-        """Modelled cost of a step that drafts ``length`` tokens for ``batch`` requests."""
-        return self.target_cost(batch * (length + 1)) + length * self.draft_cost(batch)
+    def cost(self, length: int) -> float:
+        """Modelled cost of a step that drafts ``length`` tokens."""
+        drafting = 0.0 if self.draft_cost is None else length * self.draft_cost(1)
+        return self.target_cost(length + 1) + drafting
 
     def rates(self, length: int) -> list:
         """``[a_1, ..., a_length]``: estimated acceptance by depth, given the depth before."""
@@ -340,41 +346,38 @@ class ChainBudget:
             weight = DEPTH_PRIOR_WEIGHT
         return out
 
-    def length(self, cap: int, batch: int) -> int:
+    def can_pay(self, cap: int) -> bool:
+        """Whether some length up to ``cap`` would beat a plain step if every draft were
+        accepted (a draft that costs about a target token never can: it is not even probed)."""
+        plain = self.target_cost(1)
+        return any((k + 1) * plain > self.cost(k) for k in range(1, cap + 1))
+
+    def length(self, cap: int) -> int:
         """Drafts to propose this step (``0``: paused, or ``cap <= 0``); call once a step."""
         if cap <= 0:
             return 0
         best = 0
-        if self.can_pay(cap, batch) and self.pause.proposes():
+        if self.can_pay(cap) and self.pause.proposes():
             best_value = expected = path = 1.0
             for k, rate in enumerate(self.rates(cap), start=1):
                 path *= rate
                 expected += path
-                value = expected / self.cost(k, batch)
+                value = expected / self.cost(k)
                 if best == 0 or value > best_value:
                     best, best_value = k, value
         self.lengths[best] = self.lengths.get(best, 0) + 1
         return best
 
-    def can_pay(self, cap: int, batch: int) -> bool:
-        """Whether some length up to ``cap`` would beat a plain step if every draft were
-        accepted (a draft that costs about a target token never can: it is not even probed)."""
-        plain = self.target_cost(batch)
-        return any((k + 1) * plain > self.cost(k, batch) for k in range(1, cap + 1))
-
-    def record(self, drafted: list, accepted: list) -> None:
-        """One step that proposed: per request its drafts and how many were accepted."""
-        batch = len(drafted)
-        for depth_drafted, depth_accepted in zip(drafted, accepted):
-            # Depth j was tried when depth j - 1 was accepted.
-            for depth in range(min(depth_accepted + 1, depth_drafted)):
-                while len(self.counts) <= depth:
-                    self.counts.append([0, 0])
-                self.counts[depth][0] += 1
-                self.counts[depth][1] += int(depth < depth_accepted)
-        plain = self.target_cost(batch)
-        self.pause.record(sum(accepted) * plain / batch,
-                          self.cost(max(drafted, default=0), batch) - plain)
+    def record(self, drafted: int, accepted: int) -> None:
+        """One step that proposed ``drafted > 0`` drafts, ``accepted`` of them accepted."""
+        # Depth j was tried when depth j - 1 was accepted.
+        for depth in range(min(accepted + 1, drafted)):
+            while len(self.counts) <= depth:
+                self.counts.append([0, 0])
+            self.counts[depth][0] += 1
+            self.counts[depth][1] += int(depth < accepted)
+        plain = self.target_cost(1)
+        self.pause.record(accepted * plain, self.cost(drafted) - plain)
 
     def report(self) -> dict:
         """Steps by chosen length (``0``: paused, or a draft that cannot pay; steps with no
@@ -382,6 +385,56 @@ class ChainBudget:
         return {"lengths": dict(sorted(self.lengths.items())),
                 "steps_paused": self.pause.steps_paused,
                 "by_depth": [list(c) for c in self.counts]}
+
+
+class ChainBudgets:
+    """The :class:`ChainBudget` of every request of a run (finished requests kept for the
+    report).
+
+    Parameters
+    ----------
+    batch : int
+    target_cost, draft_cost, first_draft_prior
+        See :class:`ChainBudget`.
+    """
+
+    def __init__(self, batch: int, target_cost, draft_cost, *, first_draft_prior=None):
+        self.running = [ChainBudget(target_cost, draft_cost, first_draft_prior=first_draft_prior)
+                        for _ in range(batch)]
+        self.finished: list = []
+
+    def lengths(self, caps: list) -> list:
+        """Each running request's drafts this step, within its cap."""
+        return [budget.length(cap) for budget, cap in zip(self.running, caps)]
+
+    def record(self, drafted: list, accepted: list) -> None:
+        """Per running request: drafts proposed and accepted (requests without drafts skip)."""
+        for budget, d, a in zip(self.running, drafted, accepted):
+            if d > 0:
+                budget.record(d, a)
+
+    def select_requests(self, keep: list) -> None:
+        kept = set(keep)
+        self.finished += [b for i, b in enumerate(self.running) if i not in kept]
+        self.running = [self.running[i] for i in keep]
+
+    def report(self) -> dict:
+        """Every request's :meth:`ChainBudget.report`, summed."""
+        lengths: dict = {}
+        by_depth: list = []
+        paused = 0
+        for budget in self.finished + self.running:
+            part = budget.report()
+            for k, n in part["lengths"].items():
+                lengths[k] = lengths.get(k, 0) + n
+            for depth, (tried, accepted) in enumerate(part["by_depth"]):
+                if depth == len(by_depth):
+                    by_depth.append([0, 0])
+                by_depth[depth][0] += tried
+                by_depth[depth][1] += accepted
+            paused += part["steps_paused"]
+        return {"lengths": dict(sorted(lengths.items())), "steps_paused": paused,
+                "by_depth": by_depth}
 
 
 # ---------------------------------------------------------------------------- candidates

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from specdec_kernels import ops
 from specdec_kernels.decoding import calibration
-from specdec_kernels.decoding.budget import ChainBudget
+from specdec_kernels.decoding.budget import ChainBudgets
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding.drafter import (
     CHAIN_LIMIT_REASON,
@@ -97,7 +97,7 @@ class AutoregressiveDrafter(Drafter):
         self.cost_curve = cost_curve
         self.draft_cost_curve = draft_cost_curve
         self._costs = None  # (target, draft) StepCost once known
-        self._chain_budget = None
+        self._budgets = None  # ChainBudgets of the run, when the budget is on
         self._depths: list = []
         self._k = num_draft
         self._drafted = 0
@@ -120,15 +120,20 @@ class AutoregressiveDrafter(Drafter):
         }
 
     def report(self) -> dict:
-        return {} if self._chain_budget is None else {"budget": self._chain_budget.report()}
+        return {} if self._budgets is None else {"budget": self._budgets.report()}
 
     def start(self, state: DecodeState) -> None:
         self._k = self.num_draft
-        self._chain_budget = None
+        self._budgets = None
         if self.budget:
             costs = self._step_costs(state.runner)
             if costs is not None:
-                self._chain_budget = ChainBudget(*costs, first_draft_prior=self.first_draft_prior)
+                self._budgets = ChainBudgets(state.batch, *costs,
+                                             first_draft_prior=self.first_draft_prior)
+
+    def select_requests(self, keep: list) -> None:
+        if self._budgets is not None:
+            self._budgets.select_requests(keep)
 
     def _step_costs(self, runner) -> tuple | None:
         """``(target, draft)`` step costs for the budget (``None``: the draft's is unknown)."""
@@ -176,9 +181,12 @@ class AutoregressiveDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> ChainProposal:
         batch = state.batch
-        k = min(self._k, max(state.remaining) - 1)
-        if self._chain_budget is not None:
-            k = self._chain_budget.length(k, batch)
+        # Requests near their token limit verify fewer drafts, and each request's budget
+        # may cut its own chain (so a request's random stream does not depend on its batch).
+        caps = [max(0, min(self._k, r - 1)) for r in state.remaining]
+        if self._budgets is not None:
+            caps = self._budgets.lengths(caps)
+        k = max(caps)
         if k <= 0:
             self._drafted = 0
             empty = state.pending.new_zeros((batch, 0))
@@ -204,9 +212,7 @@ class AutoregressiveDrafter(Drafter):
                 logits = self._target_vocab(self._next_logits(state, token, i + 1))
         self._drafted = len(tokens)
         drafts = torch.stack(tokens, 1)
-        # Requests near their token limit verify fewer drafts (so a request's random
-        # stream does not depend on the rest of the batch).
-        depths = [max(0, min(len(tokens), r - 1)) for r in state.remaining]
+        depths = [min(len(tokens), cap) for cap in caps]
         num_draft = torch.tensor(depths, dtype=torch.int64).to(drafts.device, non_blocking=True)
         if threshold is not None:
             sure = torch.stack(confident, 1).long().cumprod(1).sum(1)
@@ -220,11 +226,11 @@ class AutoregressiveDrafter(Drafter):
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
         if self._drafted == 0:
             return
-        if self._chain_budget is not None:
-            self._chain_budget.record(self._depths, outcome.num_accepted)
+        if self._budgets is not None:
+            self._budgets.record(self._depths, outcome.num_accepted)
         if not self.adaptive:
             return
-        if all(n >= self._drafted for n in outcome.num_accepted):
+        if all(n >= d for n, d in zip(outcome.num_accepted, self._depths)):
             self._k = min(self._k + 2, self.max_draft)
         else:
             self._k = max(self._k - 1, self.min_draft)

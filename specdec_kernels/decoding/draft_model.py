@@ -122,6 +122,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
             self.cache.advance_host(keep)
 
     def select_requests(self, keep: list) -> None:
+        super().select_requests(keep)
         self.cache.select_requests(keep)
 
     def finish(self) -> None:

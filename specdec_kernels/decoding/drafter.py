@@ -70,9 +70,11 @@ static tree is the same budget applied once to its rank-path tree).
 :class:`~specdec_kernels.decoding.budget.ChainBudget` sizes a chain the same way, weighing
 also the draft's own forwards (their cost measured as a ratio to a target token,
 :func:`~specdec_kernels.decoding.calibration.machine_draft_cost`), down to no drafts while
-drafting does not pay: every :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`
-uses it, and a new chain drafter only says what its draft forward is
-(``_draft_cost``).
+drafting does not pay, one budget per request
+(:class:`~specdec_kernels.decoding.budget.ChainBudgets`): every
+:class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter` uses it (a new chain
+drafter only says what its draft forward is, ``_draft_cost``), and Jacobi's guesses with no
+draft cost at all.
 
 **A drafter's own network** (``runner.linears(module)``, a factory of contexts). A drafter that
 runs a network of its own (EAGLE's draft layer) gets the factory once in :meth:`Drafter.bind`

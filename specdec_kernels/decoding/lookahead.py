@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import ops
+from specdec_kernels.decoding.budget import ChainBudgets
 from specdec_kernels.decoding.drafter import (
     BLOCK_LIMIT_REASON,
     MAX_BLOCK_WIDTH,
@@ -310,19 +311,33 @@ class JacobiDrafter(Drafter):
     Parameters
     ----------
     num_guesses : int
-        ``K >= 1`` tokens guessed (and verified) per step.
+        ``K >= 1`` tokens guessed (and verified) at most per step.
+    budget : bool
+        Let the cost model verify fewer guesses, none while they do not pay
+        (:class:`~specdec_kernels.decoding.budget.ChainBudget`: guesses cost nothing to make,
+        only their rows of the verification forward); ``False``: ``K`` every step.
+    cost_curve : str, Path, dict, StepCost, optional
+        ``c(T)`` of the target (see :meth:`~specdec_kernels.decoding.cost.StepCost.load`);
+        default: this machine's.
     """
 
     name = "jacobi"
 
-    def __init__(self, num_guesses: int = 4):
+    def __init__(self, num_guesses: int = 4, *, budget: bool = True, cost_curve=None):
         self.num_guesses = check_size("num_guesses", num_guesses, 1, MAX_BLOCK_WIDTH - 1,
                                       BLOCK_LIMIT_REASON)
+        self.budget = budget
+        self.cost_curve = cost_curve
+        self._budgets = None  # ChainBudgets of the run, when the budget is on
+        self._depths: list = []
         self._guesses: list = []
         self._fills: list = []
 
     def describe(self) -> dict:
-        return {"name": self.name, "num_guesses": self.num_guesses}
+        return {"name": self.name, "num_guesses": self.num_guesses, "budget": self.budget}
+
+    def report(self) -> dict:
+        return {} if self._budgets is None else {"budget": self._budgets.report()}
 
     def max_block_width(self) -> int:
         return self.num_guesses + 1
@@ -330,21 +345,33 @@ class JacobiDrafter(Drafter):
     def start(self, state: DecodeState) -> None:
         self._fills = [_Fill(c) for c in state.contexts]
         self._guesses = [f(c, self.num_guesses) for f, c in zip(self._fills, state.contexts)]
+        self._budgets = None
+        if self.budget:
+            self._budgets = ChainBudgets(state.batch, state.runner.step_cost(self.cost_curve), None)
 
     def select_requests(self, keep: list) -> None:
+        if self._budgets is not None:
+            self._budgets.select_requests(keep)
         self._guesses = [self._guesses[b] for b in keep]
         self._fills = [self._fills[b] for b in keep]
 
     def propose(self, state: DecodeState) -> ChainProposal:
         device = state.pending.device
-        depths = [max(0, min(self.num_guesses, r - 1)) for r in state.remaining]
-        tokens = torch.tensor(self._guesses, dtype=torch.int64).to(device, non_blocking=True)
-        num_draft = torch.tensor(depths, dtype=torch.int64).to(device, non_blocking=True)
-        return ChainProposal(tokens, num_draft, depths)
+        # Each request's budget may cut its own chain (its output never depends on its batch).
+        self._depths = [max(0, min(self.num_guesses, r - 1)) for r in state.remaining]
+        if self._budgets is not None:
+            self._depths = self._budgets.lengths(self._depths)
+        k = max(self._depths)
+        guesses = [g[:k] for g in self._guesses]
+        tokens = torch.tensor(guesses, dtype=torch.int64).reshape(state.batch, k)
+        num_draft = torch.tensor(self._depths, dtype=torch.int64).to(device, non_blocking=True)
+        return ChainProposal(tokens.to(device, non_blocking=True), num_draft, self._depths)
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        if self._budgets is not None:
+            self._budgets.record(self._depths, outcome.num_accepted)
         # Row j predicts the token after block row j; past the accepted prefix n, rows
-        # n + 1 .. K guess the positions after the new pending token.
+        # n + 1 .. k guess the positions after the new pending token.
         outputs = _draw(outcome.logits, state)
         for b, n in enumerate(outcome.num_accepted):
             guesses = outputs[b][n + 1 :]
