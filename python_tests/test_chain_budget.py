@@ -323,3 +323,21 @@ def test_jacobi_guesses_are_verified_only_while_they_pay(target):
                    eos_token_id=[])
     assert out.tokens == plain(target, PROMPTS[:1], 20)
     assert out.stats.requests[0].proposed_at[2] >= out.stats.requests[0].target_forwards - 3
+
+
+@pytest.mark.parametrize("make", [
+    lambda model: SelfSpeculativeDrafter(2, num_draft=3, cost_curve={1: 10.0, 4: 12.0, 128: 80.0},
+                                         draft_cost_curve={1: 4.0, 128: 30.0}),
+    lambda model: DraftModelDrafter(truncated_copy(model, 3), num_draft=4, cost_curve=FLAT,
+                                    draft_cost_curve={1: 2.0, 128: 4.0}),
+])
+def test_a_budgeted_request_does_not_depend_on_its_batch(target, make):
+    """Each request's chain is sized by its own budget, costed as if it ran alone: sampled with
+    the same seed, a request gives the same tokens alone and in a batch."""
+    kwargs = dict(max_new_tokens=24, temperature=1.0, eos_token_id=[])
+    together = generate(target, PROMPTS, drafter=make(target), seed=[5, 6, 7], **kwargs)
+    lengths = together.stats.drafter_report["budget"]["lengths"]
+    assert len(lengths) >= 2  # the budget did choose
+    for i, prompt in enumerate(PROMPTS):
+        alone = generate(target, [prompt], drafter=make(target), seed=[5 + i], **kwargs)
+        assert alone.tokens[0] == together.tokens[i]
