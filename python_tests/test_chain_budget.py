@@ -341,3 +341,24 @@ def test_a_budgeted_request_does_not_depend_on_its_batch(target, make):
     for i, prompt in enumerate(PROMPTS):
         alone = generate(target, [prompt], drafter=make(target), seed=[5 + i], **kwargs)
         assert alone.tokens[0] == together.tokens[i]
+
+
+def test_blockwise_guesses_are_paused_while_they_do_not_pay(target):
+    """Random heads rarely guess right: where each verified row costs something the budget
+    pauses them (and skips the heads), the output stays the plain loop's; without the budget
+    every step verifies the whole chain."""
+    from python_tests.decoding_helpers import random_heads
+    from specdec_kernels.decoding import BlockwiseDrafter
+
+    heads = random_heads(target.config.hidden_size, target.config.vocab_size, num_heads=3)
+    sloped = {1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0, 16: 25.0}
+    out = generate(target, PROMPTS, drafter=BlockwiseDrafter(heads, num_draft=3, cost_curve=sloped),
+                   max_new_tokens=40, eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS)
+    report = out.stats.drafter_report["budget"]
+    tried, accepted = report["by_depth"][0]
+    assert accepted / tried < 0.2 and report["steps_paused"] >= PAUSE_STEPS
+    fixed = BlockwiseDrafter(heads, num_draft=3, cost_curve=sloped, budget=False)
+    out = generate(target, PROMPTS[:1], drafter=fixed, max_new_tokens=20, eos_token_id=[])
+    assert out.tokens == plain(target, PROMPTS[:1], 20) and "budget" not in out.stats.drafter_report
+    assert out.stats.requests[0].proposed_at[2] >= out.stats.requests[0].target_forwards - 3

@@ -381,6 +381,7 @@ class BlockwiseOptions:
     num_draft: int | None = _num_draft(None)
     cost_curve: object = _cost_curve()
     max_nodes: int = api_only(64)
+    budget: bool = api_only(True)
 
 
 @dataclass

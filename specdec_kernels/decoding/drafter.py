@@ -73,8 +73,8 @@ also the draft's own forwards (their cost measured as a ratio to a target token,
 drafting does not pay, one budget per request
 (:class:`~specdec_kernels.decoding.budget.ChainBudgets`): every
 :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter` uses it (a new chain
-drafter only says what its draft forward is, ``_draft_cost``), and Jacobi's guesses with no
-draft cost at all.
+drafter only says what its draft forward is, ``_draft_cost``), and Jacobi's and blockwise
+decoding's guesses with no draft cost at all.
 
 **A drafter's own network** (``runner.linears(module)``, a factory of contexts). A drafter that
 runs a network of its own (EAGLE's draft layer) gets the factory once in :meth:`Drafter.bind`

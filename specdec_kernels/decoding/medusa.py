@@ -30,13 +30,14 @@ from torch import Tensor
 
 from specdec_kernels import ops
 from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
-from specdec_kernels.decoding.budget import choose_tree
+from specdec_kernels.decoding.budget import ChainBudgets, choose_tree
 from specdec_kernels.decoding.drafter import (
     BLOCK_LIMIT_REASON,
     MAX_BLOCK_WIDTH,
     ChainProposal,
     DecodeState,
     Drafter,
+    StepOutcome,
     TreeProposal,
     check_size,
 )
@@ -311,23 +312,59 @@ class BlockwiseDrafter(_HeadsDrafter):
         guesses only), at most the number of heads.
     num_draft : int, optional
         A fixed chain length instead.
+    budget : bool
+        Let each request's :class:`~specdec_kernels.decoding.budget.ChainBudget` shorten its
+        chain from the acceptance it measures, to none (and no heads run) while the guesses
+        do not pay for their verification rows; ``False``: the length above every step.
     """
 
     name = "blockwise"
     _chain = True
 
     def __init__(self, heads=None, *, num_draft: int | None = None, cost_curve=None,
-                 max_nodes: int = 64):
+                 max_nodes: int = 64, budget: bool = True):
         heads, tree = _as_heads(heads), None
         if num_draft is not None:  # checked before the chain is built
             check_size("num_draft", num_draft, 1, heads.num_heads,
                        f"the heads guess {heads.num_heads} tokens ahead")
             tree = [(0,) * d for d in range(1, num_draft + 1)]
         super().__init__(heads, tree=tree, cost_curve=cost_curve, max_nodes=max_nodes)
+        self.budget = budget
+        self._budgets = None  # ChainBudgets of the run, when the budget is on
+        self._chain_depths: list = []
+
+    def describe(self) -> dict:
+        return dict(super().describe(), budget=self.budget)
+
+    def report(self) -> dict:
+        return {} if self._budgets is None else {"budget": self._budgets.report()}
+
+    def start(self, state: DecodeState) -> None:
+        self._budgets = None
+        if self.budget:
+            # The heads' cost is paid on every step that drafts, whatever its length: only
+            # the verification rows are weighed (the prior: head 0's measured top-1).
+            prior = min(max(self.rank_accuracy()[0][0], 0.01), 0.99)
+            self._budgets = ChainBudgets(state.batch, state.runner.step_cost(self.cost_curve),
+                                         None, first_draft_prior=prior)
+
+    def select_requests(self, keep: list) -> None:
+        if self._budgets is not None:
+            self._budgets.select_requests(keep)
 
     def propose(self, state: DecodeState) -> ChainProposal:
-        k = self.tree.depth
+        depths = [min(self.tree.depth, max(r - 1, 0)) for r in state.remaining]
+        if self._budgets is not None:
+            depths = self._budgets.lengths(depths)
+        self._chain_depths = depths
+        k = max(depths)
+        if k == 0:  # no request drafts: the heads do not run
+            empty = state.pending.new_zeros((state.batch, 0))
+            return ChainProposal(empty, state.pending.new_zeros(state.batch), depths)
         top = self._top_ids(self._logits(state), 1)[:, :k, 0].contiguous()  # [B, K]
-        depths = [min(k, max(r - 1, 0)) for r in state.remaining]
         num_draft = torch.tensor(depths, dtype=torch.int64).to(top.device, non_blocking=True)
         return ChainProposal(top, num_draft, depths)
+
+    def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
+        if self._budgets is not None:
+            self._budgets.record(self._chain_depths, outcome.num_accepted)
