@@ -105,6 +105,7 @@ class AutoregressiveDrafter(Drafter):
 
     def bind(self, runner, tokenizer) -> None:
         self._vocab = runner.vocab_size
+        self._costs = None  # another target may cost otherwise
 
     def max_block_width(self) -> int:
         return (self.max_draft if self.adaptive else self.num_draft) + 1
