@@ -1,5 +1,5 @@
 // Argument checks and error reporting shared by the CPU (sampling.cpp, verify.cpp) and CUDA
-// (cuda/sampling.cu) launchers of the sampling and verification ops.
+// (cuda/sampling.cu, cuda/verify_*.cu) launchers of the sampling and verification ops.
 //
 // Value errors (bad parameters, malformed trees, draft ids out of range, NaN/+Inf logits) are
 // found per request by the kernels themselves (core/sampling.h: ErrorKind) and encoded as
@@ -270,8 +270,8 @@ using TreeImpl = TreeResult (*)(const at::Tensor& tree_tokens, const at::Tensor&
                                 const ParamTensors& params, const AcceptanceRule& rule);
 
 // The schemas' argument lists (csrc/registration.cpp), forwarded to a device's implementation
-// of the op family: each device (CPU: sampling.cpp, verify.cpp; CUDA: cuda/sampling.cu) defines
-// one function per family and registers these, e.g. m.impl("sample", &sample_op<sample_cpu>).
+// of the op family: each device (CPU: sampling.cpp, verify.cpp; CUDA: cuda/sampling.cu,
+// cuda/verify_*.cu) defines one function per family and registers these, e.g. m.impl("sample", &sample_op<sample_cpu>).
 template <SampleImpl kImpl>
 at::Tensor sample_op(const at::Tensor& logits, const at::Tensor& temperature,
                      const at::Tensor& top_k, const at::Tensor& top_p, const at::Tensor& min_p,

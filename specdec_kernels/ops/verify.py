@@ -1,4 +1,4 @@
-"""Typed wrappers of the verification ops (``csrc/verify.cpp``, ``csrc/cuda/sampling.cu``): decide,
+"""Typed wrappers of the verification ops (``csrc/verify.cpp``, ``csrc/cuda/verify_*.cu``): decide,
 from the target's logits, which drafts of a chain or a tree to accept (lossless rejection
 sampling, or Medusa's typical acceptance) and which token comes next.
 

@@ -1,5 +1,5 @@
 // The verification kernel (cuda/kernels/sampling_kernels.cuh) on the emulator, launched as
-// cuda/sampling.cu launches it (team_launch.h), with the launcher's workspace.
+// cuda/verify_*.cu launch it (team_launch.h), with the launcher's workspace.
 
 #include <cstring>
 #include <exception>

@@ -1,8 +1,8 @@
-// How cuda/sampling.cu launches the row-team kernels, for the emulator's entry points
-// (emulate_sample.cpp, emulate_verify.cpp): the same vector width (team_vector_width), team plan
-// (plan_team: cluster size, row slice in shared memory, weight table, dynamic shared memory) and
-// grid of teams x cluster size with kTeamThreads per block, for the device limits the caller
-// gives.
+// How the CUDA launchers (cuda/row_teams.cuh) launch the row-team kernels, for the emulator's
+// entry points (emulate_sample.cpp, emulate_verify.cpp): the same vector width
+// (team_vector_width), team plan (plan_team: cluster size, row slice in shared memory, weight
+// table, dynamic shared memory) and grid of teams x cluster size with kTeamThreads per block,
+// for the device limits the caller gives.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,7 @@ inline void report(const TeamArgs& ta, uint32_t smem, int vec, int* info) {
   info[4] = vec;
 }
 
-// `teams` row teams of ta.size blocks each, a cluster per team (launch_teams in sampling.cu).
+// `teams` row teams of ta.size blocks each, a cluster per team (launch_teams in row_teams.cuh).
 template <typename... Params, typename... Args>
 void launch_teams(void (*kernel)(Params...), int64_t teams, const TeamArgs& ta, uint32_t smem,
                   Args... args) {

@@ -5,8 +5,10 @@
 // kernels on the CPU, for tests on machines without a GPU). In both:
 //   SPECDEC_DEVICE                    marks device helper functions (force-inlined by nvcc);
 //   SPECDEC_DEVICE_FUNCTION           marks a device function of a header that nvcc inlines as
-//                                     it sees fit (inline in the emulator, which links the
-//                                     kernels' translation units into one library);
+//                                     it sees fit; static, since several launchers include the
+//                                     header and nvcc gives each such function a host stub
+//                                     (inline in the emulator, which links the kernels'
+//                                     translation units into one library);
 //   SPECDEC_SHARED(type, name)        declares a kernel's static shared variable;
 //   SPECDEC_EXTERN_SHARED(type, name) declares its dynamic shared memory (type name[]);
 //   SPECDEC_CLUSTERS                  is defined where thread-block clusters exist (sm_90+,
@@ -33,7 +35,7 @@
 #elif defined(__CUDACC__)
 #include <cooperative_groups.h>
 #define SPECDEC_DEVICE __device__ __forceinline__
-#define SPECDEC_DEVICE_FUNCTION __device__
+#define SPECDEC_DEVICE_FUNCTION static __device__
 // torch's extension build compiles CUDA as C++17, which has no std::type_identity_t; the
 // alias lets an array type such as float[32] name a __shared__ variable.
 namespace specdec_detail {

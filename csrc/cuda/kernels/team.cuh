@@ -30,7 +30,7 @@ constexpr uint32_t kWorkBytes = kColumnWords * 4;      // 16 KiB
 
 // ----------------------------------------------------------------------------- layout
 
-// What the launcher decides per launch (see sampling.cu).
+// What the launcher decides per launch (see row_teams.cuh).
 struct TeamArgs {
   int size;              // blocks per team: the cluster size
   uint32_t cache_bytes;  // shared memory per block for its slice of the row; 0: no copy
