@@ -362,3 +362,20 @@ def test_blockwise_guesses_are_paused_while_they_do_not_pay(target):
     out = generate(target, PROMPTS[:1], drafter=fixed, max_new_tokens=20, eos_token_id=[])
     assert out.tokens == plain(target, PROMPTS[:1], 20) and "budget" not in out.stats.drafter_report
     assert out.stats.requests[0].proposed_at[2] >= out.stats.requests[0].target_forwards - 3
+
+
+def test_a_few_unlucky_first_steps_do_not_pause_a_drafter_the_prior_trusts():
+    # The quantized copy's case (qa, 2026-11-27): a draft trusted at 0.75 whose first six
+    # single drafts went rejected, rejected, accepted, rejected, accepted, accepted. At 0.55 of
+    # a target token a draft, its realized credit alone (averages from the first step: 5.4
+    # against 5.7) would pause it for PAUSE_STEPS; from the prior's expectation it does not.
+    target = {1: 10.0, 2: 10.2, 4: 10.6, 8: 11.5}
+    budget = ChainBudget(target, {1: 5.5, 8: 5.5}, first_draft_prior=0.75)
+    for accepted in [0, 0, 1, 0, 1, 1]:
+        assert budget.length(1) == 1
+        budget.record(1, accepted)
+    assert budget.length(1) == 1 and budget.report()["steps_paused"] == 0
+    # Six rejections in a row still pause it.
+    for _ in range(PROBE_STEPS):
+        budget.record(1, 0)
+    assert budget.length(1) == 0

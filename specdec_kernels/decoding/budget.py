@@ -259,11 +259,15 @@ class ProphetPause:
             return False
         return True
 
-    def record(self, worth: float, cost: float) -> None:
-        """A step it proposed: its credit and its proposing cost (same unit)."""
-        first = self._observed == 0
-        self._worth = worth if first else self._worth + _RECENT * (worth - self._worth)
-        self._cost = cost if first else self._cost + _RECENT * (cost - self._cost)
+    def record(self, worth: float, cost: float, start: tuple | None = None) -> None:
+        """A step it proposed: its credit and its proposing cost (same unit).
+
+        ``start``: ``(worth, cost)`` the averages start from (at the start and after each
+        pause) when the caller has a prior belief; without it they start at this step's."""
+        if self._observed == 0:
+            self._worth, self._cost = (worth, cost) if start is None else start
+        self._worth += _RECENT * (worth - self._worth)
+        self._cost += _RECENT * (cost - self._cost)
         self._observed += 1
         if self._observed < PROBE_STEPS:
             return
@@ -300,7 +304,8 @@ class ChainBudget:
 
     Whether drafting pays at all is judged over recent steps (:class:`ProphetPause`) on the
     same model: credit is the accepted drafts times a plain step's cost ``c_t(1)``, cost is
-    what the step cost beyond a plain one (``cost(K) - c_t(1)``); while paused the request
+    what the step cost beyond a plain one (``cost(K) - c_t(1)``), both averaged from the
+    credit the prior expects (``first_draft_prior`` at every depth); while paused the request
     gets no drafts. A draft that would not pay even if every draft were accepted
     (:meth:`can_pay`) is never run.
 
@@ -377,7 +382,14 @@ class ChainBudget:
             self.counts[depth][0] += 1
             self.counts[depth][1] += int(depth < accepted)
         plain = self.target_cost(1)
-        self.pause.record(accepted * plain, self.cost(drafted) - plain)
+        # The running averages start (and restart after a pause) from what the prior
+        # expects of this length, so a few unlucky first steps do not pause a drafter the
+        # prior trusts; steady rejections still do within PROBE_STEPS.
+        prior, expected = self.first_draft_prior, 0.0
+        for depth in range(1, drafted + 1):
+            expected += prior ** depth
+        cost = self.cost(drafted) - plain
+        self.pause.record(accepted * plain, cost, start=(expected * plain, cost))
 
     def report(self) -> dict:
         """Steps by chosen length (``0``: paused, or a draft that cannot pay; steps with no
