@@ -32,6 +32,9 @@ BATCH = 4
 # translation, summarization, math, rag): two ragged batches of 4. All 20 made this file a
 # quarter of CI's test time.
 SUBSET = [0, 3, 5, 7, 11, 14, 17, 19]
+# One request at a time on half of them (reasoning, extraction, summarization, rag: two long
+# prompts and two short), the ragged batches on all 8: CI's time is near its limit.
+BATCH_1 = [1, 3, 5, 7]
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +119,12 @@ def test_plain_loop_takes_one_forward_per_token(loaded, prompts, expected):
 def test_batch_1_matches_autoregressive(loaded, prompts, expected, draft_model, name):
     drafter = make_drafter(name, draft_model)
     got, forwards, emitted = [], 0, 0
-    for prompt in prompts:
-        out = generate(loaded, [prompt], drafter=drafter, max_new_tokens=NEW_TOKENS)
+    for i in BATCH_1:
+        out = generate(loaded, [prompts[i]], drafter=drafter, max_new_tokens=NEW_TOKENS)
         got.append(out.tokens[0])
         forwards += out.stats.target_forwards
         emitted += out.stats.new_tokens
-    mismatched = [i for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    mismatched = [i for i, g in zip(BATCH_1, got) if g != expected[i]]
     assert not mismatched, f"{name}: prompts {mismatched} differ from autoregressive decoding"
     # Drafts must be accepted on these prompts, or the test proves nothing.
     assert emitted / forwards > MIN_TAU.get(name, 1.05), (name, emitted / forwards)
