@@ -313,6 +313,16 @@ def test_jacobi_guesses_are_verified_only_while_they_pay(target):
     report = out.stats.drafter_report["budget"]
     tried, accepted = report["by_depth"][0]
     assert accepted / tried < 0.2 and report["steps_paused"] >= PAUSE_STEPS
+
+    # Jacobi's own prior (its guesses are rarely right) pauses them sooner than a chain's
+    # default trust would.
+    class Trusting(JacobiDrafter):
+        first_draft_prior = CHAIN_PRIOR
+
+    trusting = generate(target, PROMPTS, drafter=Trusting(3, cost_curve=sloped),
+                        max_new_tokens=40, eos_token_id=[])
+    assert trusting.tokens == out.tokens
+    assert trusting.stats.drafter_report["budget"]["by_depth"][0][0] > tried
     # Verifying a guess costs as much as a token: never tried.
     steep = {t: 10.0 * t for t in (1, 2, 4, 8, 16)}
     out = generate(target, PROMPTS, drafter=JacobiDrafter(3, cost_curve=steep), max_new_tokens=40,
