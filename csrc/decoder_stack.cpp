@@ -156,7 +156,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
                         kv_cache.size(2) == B && kv_cache.size(3) == num_kv_heads,
                     "decoder_stack_: kv_cache must be [>= L, 2, B, Hkv, S, D] = [>= ", L, ", 2, ",
                     B, ", ", num_kv_heads, ", S, D], got ", kv_cache.sizes());
-  TORCH_CHECK_VALUE(num_kv_heads > 0 && num_heads % num_kv_heads == 0,
+  TORCH_CHECK_VALUE(num_heads > 0 && num_kv_heads > 0 && num_heads % num_kv_heads == 0,
                     "decoder_stack_: num_heads (", num_heads, ") must be a multiple of "
                     "num_kv_heads (", num_kv_heads, ")");
   const int64_t S = kv_cache.size(4), D = kv_cache.size(5);
@@ -197,9 +197,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
       k = qk.narrow(2, num_heads, num_kv_heads);
       v = joined.narrow(-1, nq + nkv, nkv).view({B, T, -1, D});
     } else {
-      q = rotary_embedding(apply(lin[kQ], x).view({B, T, -1, D}), cos, sin);
-      k = rotary_embedding(apply(lin[kK], x).view({B, T, -1, D}), cos, sin);
-      v = apply(lin[kV], x).view({B, T, -1, D});
+      const at::Tensor q_out = apply(lin[kQ], x), k_out = apply(lin[kK], x), v_out = apply(lin[kV], x);
+      // The heads come from the arguments, not from the widths: a k of one head would
+      // otherwise broadcast into every KV head's cache rows.
+      TORCH_CHECK_VALUE(q_out.size(-1) == nq && k_out.size(-1) == nkv && v_out.size(-1) == nkv,
+                        "decoder_stack_: layer ", layer, "'s q/k/v have ", q_out.size(-1), "/",
+                        k_out.size(-1), "/", v_out.size(-1), " columns, not Hq D = ", nq,
+                        " and Hkv D = ", nkv);
+      q = rotary_embedding(q_out.view({B, T, num_heads, D}), cos, sin);
+      k = rotary_embedding(k_out.view({B, T, num_kv_heads, D}), cos, sin);
+      v = v_out.view({B, T, num_kv_heads, D});
     }
     const at::Tensor keys = kv_cache.select(0, layer).select(0, 0);
     const at::Tensor values = kv_cache.select(0, layer).select(0, 1);

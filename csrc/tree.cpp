@@ -598,7 +598,9 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
       for (int64_t d = 0; d < head_dim; ++d)
         t.q_rows[r * head_dim + d] = mul_rn(static_cast<float>(src[d]), scale);
       t.row_mask[r] = mask + (t.b * s.tokens + tok) * s.words;
-      last_node = std::max(last_node, last_visible_node(t.row_mask[r], s.words));
+      // Bits past the block's tokens are padding (as build_tree_masks leaves them zero; the
+      // reference and the CUDA kernel never read them): they must not reach cache rows past it.
+      last_node = std::max(last_node, std::min(last_visible_node(t.row_mask[r], s.words), s.tokens - 1));
     }
     t.keys = t.cache_len + last_node + 1;
     if (t.keys > 0) {

@@ -215,6 +215,8 @@ def bad(args, **changes):
     (lambda a: bad(a, kv_cache=a["kv_cache"][:1]), "kv_cache must be"),
     (lambda a: bad(a, num_kv_heads=3), "kv_cache must be"),
     (lambda a: bad(a, num_heads=5), "multiple of num_kv_heads"),
+    (lambda a: bad(a, num_heads=-4), "multiple of num_kv_heads"),
+    (lambda a: bad(a, num_heads=8), "q/k/v have 64/32/32 columns, not Hq D = 128"),
     (lambda a: bad(a, kv_len=100), "kv_len"),
     (lambda a: bad(a, write_start=8), "do not fit in kv_len"),
     (lambda a: bad(a, write_index=torch.zeros(2, 2, dtype=torch.int64)), "write_index must be"),
@@ -231,6 +233,17 @@ def test_bad_input_is_named(gen, change, message):
         args["linears"][6] = args["linears"][1]
     with pytest.raises(ValueError, match=message):
         ops.decoder_stack_(**change(args))
+
+
+def test_separate_k_and_v_of_fewer_heads_do_not_broadcast_into_the_cache(gen):
+    """One KV head's worth of k and v (with the q of a model whose num_kv_heads is 2) would be
+    copied into both heads' cache rows: refused instead."""
+    args = stack_operands(gen, joined=False, quantized=False)
+    for slot in (1, 2):  # layer 0's k and v (weight, scales, mins, bias)
+        weight, scales, mins, bias = args["linears"][4 * slot : 4 * slot + 4]
+        args["linears"][4 * slot : 4 * slot + 4] = [weight[:16], scales, mins, bias[:16]]
+    with pytest.raises(ValueError, match="q/k/v have 64/16/16 columns, not Hq D = 64 and Hkv D = 32"):
+        ops.decoder_stack_(**args)
 
 
 def test_a_capture_point_outside_the_layers_is_named(gen):

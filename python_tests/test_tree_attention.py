@@ -127,6 +127,32 @@ def test_rows_past_the_keys_are_never_used(device, gen, dtype):
     assert_flash_rule(out, *args, 64**-0.5)
 
 
+def padding_bits(tokens: int, words: int) -> torch.Tensor:
+    """[words] int32: the bits of a packed mask row at node columns >= tokens."""
+    def word(w):
+        valid = min(max(tokens - 32 * w, 0), 32)
+        bits = (0xFFFFFFFF << valid) & 0xFFFFFFFF
+        return bits - (1 << 32) if bits >= 1 << 31 else bits
+    return torch.tensor([word(w) for w in range(words)], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens", [5, 33])
+def test_mask_bits_past_the_block_are_padding(device, gen, dtype, tokens):
+    """Bits of a packed mask row at node columns >= T are padding (build_tree_masks leaves
+    them zero): set, they change nothing and reach no cache row past the block (those hold
+    NaN here). The CPU kernel once took them as nodes and read cache_len + 32 rows."""
+    args = make_case(gen, device, dtype, batch=3, tokens=tokens, q_heads=4, kv_heads=2,
+                     head_dim=64, cache_lens=[0, 61, 33], extra=70)
+    poison_unused_rows(args[1], args[2], args[3], tokens)
+    clean = ops.tree_attention(*args)
+    padding = padding_bits(tokens, args[4].shape[-1]).to(device)
+    assert padding.ne(0).any() and (args[4] & padding).eq(0).all()
+    out = ops.tree_attention(*args[:4], args[4] | padding)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, clean)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_decode_is_plain_attention(device, gen, dtype):
     """T = 1 with the root-only mask: ordinary decode attention over cache_len + 1 rows."""
