@@ -168,7 +168,7 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
                       "decoder_stack_: write_index must be int64 [B, T] = [", B, ", ", T,
                       "], got ", write_index->scalar_type(), " ", write_index->sizes());
   } else {
-    TORCH_CHECK_VALUE(write_start >= 0 && write_start + T <= kv_len, "decoder_stack_: rows ",
+    TORCH_CHECK_VALUE(write_start >= 0 && write_start <= kv_len - T, "decoder_stack_: rows ",
                       write_start, " .. ", write_start + T, " of the block do not fit in kv_len ",
                       kv_len);
   }

@@ -189,7 +189,8 @@ int64_t check_cache_lens_values(const at::Tensor& cache_lens, const TreeAttentio
   for (int64_t b = 0; b < s.batch; ++b) {
     const int64_t n = lens[b];
     TORCH_CHECK_VALUE(n >= 0, "cache_lens[", b, "] = ", n, " is negative");
-    TORCH_CHECK_VALUE(n + s.tokens <= s.capacity, "cache_lens[", b, "] = ", n, " plus the T = ",
+    // n <= S - T, not n + T <= S: a length near the type's maximum must not wrap around.
+    TORCH_CHECK_VALUE(n <= s.capacity - s.tokens, "cache_lens[", b, "] = ", n, " plus the T = ",
                       s.tokens, " tree tokens exceeds the cache length S = ", s.capacity,
                       ": the cache is too short for prefix + tree");
     longest = std::max(longest, n);

@@ -219,6 +219,7 @@ def bad(args, **changes):
     (lambda a: bad(a, num_heads=8), "q/k/v have 64/32/32 columns, not Hq D = 128"),
     (lambda a: bad(a, kv_len=100), "kv_len"),
     (lambda a: bad(a, write_start=8), "do not fit in kv_len"),
+    (lambda a: bad(a, write_start=2**63 - 2), "do not fit in kv_len"),  # start + T wraps
     (lambda a: bad(a, write_index=torch.zeros(2, 2, dtype=torch.int64)), "write_index must be"),
     (lambda a: bad(a, write_index=torch.zeros(2, 3, dtype=torch.int32)), "write_index must be"),
     (lambda a: bad(a, hidden=a["hidden"][0]), "hidden must be"),

@@ -391,6 +391,9 @@ BAD_ATTENTION = {
     "heads not divisible": (dict(k_cache=torch.zeros(2, 3, 10, 64), v_cache=torch.zeros(2, 3, 10, 64)), "multiple of"),
     "cache too short": (dict(cache_lens=torch.tensor([2, 8])), "too short for prefix \\+ tree"),
     "negative cache len": (dict(cache_lens=torch.tensor([-1, 0])), "negative"),
+    # cache_len + T would wrap around to a negative number and pass a naive bound check.
+    "cache len near the int64 maximum": (dict(cache_lens=torch.tensor([2**63 - 2, 0])),
+                                         "too short for prefix \\+ tree"),
     "cache lens shape": (dict(cache_lens=torch.tensor([1])), "cache_lens must have shape"),
     "cache lens dtype": (dict(cache_lens=torch.tensor([1.0, 2.0])), "int32 or int64"),
     "kv dtype": (dict(k_cache=torch.zeros(2, 2, 10, 64).half()), "share a dtype"),

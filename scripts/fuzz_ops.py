@@ -13,10 +13,11 @@ a case that runs past 120 s counts as a hang. A child per core at a time. Prints
 and every crash or hang; exits 1 if there was one.
 
 Accepted is not wrong by itself (a NaN logit, a fill of valid indices); ``--accepted`` lists
-those cases to read through. (2026-11-27: 4,005 cases, no crash or hang; reading the accepted
-ones found tree attention taking a mask's padding bits as nodes, fixed.)
+those cases to read through. (2026-11-27: 4,345 cases, no crash or hang; reading the accepted
+ones found tree attention taking a mask's padding bits as nodes, a cache length near the int64
+maximum wrapping past its bound check, and decoder_stack_ ignoring num_heads: all fixed.)
 
-    python3 scripts/fuzz_ops.py                 # every op, ~45 s on 2 cores
+    python3 scripts/fuzz_ops.py                 # every op, ~40 s on 2 cores
     python3 scripts/fuzz_ops.py --only tree_attention --accepted
 """
 
@@ -70,6 +71,10 @@ def samples() -> list:
     attention = make_case(gen, "cpu", torch.float16, batch=2, tokens=5, q_heads=4, kv_heads=2,
                           head_dim=64, cache_lens=[3, 11])
     out.append((ops.tree_attention.default, (*attention, 0.125)))
+    # One token after a long prefix: the path that splits keys and head dims over threads.
+    decoding = make_case(gen, "cpu", torch.float32, batch=1, tokens=1, q_heads=9, kv_heads=3,
+                         head_dim=64, cache_lens=[700])
+    out.append((ops.tree_attention.default, (*decoding, 0.125)))
     _, parents = stack_trees([tree_from_parents(random_parents(n, gen)) for n in (9, 4, 40)])
     out.append((ops.build_tree_masks.default, (parents, torch.tensor([3, 0, 7]))))
     out.append((ops.build_lookahead_masks.default,
@@ -77,9 +82,14 @@ def samples() -> list:
     out.append((ops.quantized_linear.default, quantized_operands(3, 10, 96, 4, 32, gen, bias=True)))
     x, q, s, _, _ = quantized_operands(3, 10, 48, 8, 16, gen)
     out.append((ops.quantized_linear.default, (x, q, s, None, None)))
+    x, q, s, mins, _ = quantized_operands(1, 37, 576, 4, 32, gen, scale_dtype=torch.float16)
+    out.append((ops.quantized_linear.default, (x, q, s, mins, None)))  # one row, fp16 scales
     x, norm = torch.randn(3, 40, generator=gen), torch.rand(40, generator=gen) + 0.5
     out.append((ops.small_batch_linear.default,
                 (x, torch.randn(7, 40, generator=gen), torch.randn(7, generator=gen))))
+    out.append((ops.small_batch_linear.default,  # one bfloat16 row
+                (torch.randn(1, 70, generator=gen).bfloat16(),
+                 torch.randn(19, 70, generator=gen).bfloat16(), None)))
     out.append((ops.rms_norm.default, (x, norm, 1e-6)))
     out.append((ops.add_rms_norm.default, (x, x.clone(), norm, 1e-6)))
     out.append((ops.silu_mul.default, (x, x.clone())))
