@@ -12,6 +12,12 @@ address space) that logs each case before calling it, so a child that dies names
 a case that runs past 120 s counts as a hang. A child per core at a time. Prints one line per op (cases, raised, accepted)
 and every crash or hang; exits 1 if there was one.
 
+``--emulated`` runs the CUDA kernels instead, in the emulator of python_tests/emulation.py
+(guard zones around every buffer, shared-memory race checks), with other *values* only (the
+same shapes and dtypes): the CUDA launchers check shapes on the host but, to avoid a device
+sync, not the values of lengths, indices, parents or sampling parameters, so the kernels must
+stay inside their buffers whatever those hold. A guard-zone touch or a race counts as a crash.
+
 Accepted is not wrong by itself (a NaN logit, a fill of valid indices); ``--accepted`` lists
 those cases to read through. (2026-11-27: 4,345 cases, no crash or hang; reading the accepted
 ones found tree attention taking a mask's padding bits as nodes, a cache length near the int64
@@ -19,6 +25,7 @@ maximum wrapping past its bound check, and decoder_stack_ ignoring num_heads: al
 
     python3 scripts/fuzz_ops.py                 # every op, ~40 s on 2 cores
     python3 scripts/fuzz_ops.py --only tree_attention --accepted
+    python3 scripts/fuzz_ops.py --emulated      # the CUDA kernels' values, ~35 s
 """
 
 from __future__ import annotations
@@ -105,6 +112,81 @@ def samples() -> list:
     return out
 
 
+def emulated_call(name: str):
+    """``fn(*args)``: the CUDA kernels of op ``name``, run by the emulator (python_tests/
+    emulation.py: guard zones around every buffer, shared-memory race checks) on the op's
+    arguments, or None for an op without CUDA kernels of its own."""
+    from types import SimpleNamespace
+
+    from python_tests import emulation as emu
+
+    def params(temperature, top_k, top_p, min_p, seed):
+        return SimpleNamespace(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                               seed=seed)
+
+    calls = {
+        "tree_attention": lambda q, k, v, lens, mask, scale: emu.tree_attention(q, k, v, lens, mask, scale),
+        "compact_kv_cache_": lambda caches, lens, positions, counts: emu.compact(
+            caches, lens, positions, counts),
+        "compact_paged_kv_cache_": lambda caches, tables, lens, positions, counts: emu.compact(
+            caches, lens, positions, counts, tables),
+        "rollback_paged_kv_cache_": emu.rollback,
+        "build_tree_masks": emu.build_tree_masks,
+        "build_lookahead_masks": emu.build_lookahead_masks,
+        "sample": lambda logits, *p: emu.sample(logits, params(*p[:5]), p[5]),
+        "sample_with_probs": lambda logits, *p: emu.sample_with_probs(logits, params(*p[:5]), p[5]),
+        "verify_chain": lambda drafts, num, logits, probs, *p: emu.verify_chain(
+            drafts, num, logits, probs, params(*p[:5]), p[5]),
+        "verify_tree": lambda tokens, parents, logits, probs, *p: emu.verify_tree(
+            tokens, parents, logits, probs, params(*p[:5]), p[5]),
+        "typical_verify_chain": lambda drafts, num, logits, *p: emu.typical_verify_chain(
+            drafts, num, logits, params(*p[:5]), p[5], p[6], p[7]),
+        "typical_verify_tree": lambda tokens, parents, logits, *p: emu.typical_verify_tree(
+            tokens, parents, logits, params(*p[:5]), p[5], p[6], p[7]),
+    }
+    return calls.get(name)
+
+
+def value_variants(t) -> list:
+    """``(label, tensor)``: ``t`` with other values, same shape and dtype (what a CUDA launcher
+    does not read on the host: the kernels must keep inside their buffers whatever it holds)."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return []
+    out = []
+    if t.dtype in (torch.int32, torch.int64):
+        for value in INDEX_FILLS + (torch.iinfo(t.dtype).max, torch.iinfo(t.dtype).min):
+            out.append((f"fill {value}", torch.full_like(t, value)))
+        for where, value in ((-1, -3), (0, 10**5)):
+            changed = t.clone().reshape(-1)
+            changed[where] = value
+            out.append((f"element {where} = {value}", changed.reshape(t.shape)))
+    elif t.dtype.is_floating_point:
+        out += [(f"fill {value}", torch.full_like(t, value))
+                for value in FLOAT_FILLS + (torch.finfo(t.dtype).max,)]
+    return out
+
+
+def malformed_values(args: tuple) -> list:
+    """``(label, args)``: copies of ``args`` with one tensor's (or list element's) values changed."""
+    out = []
+    for i, arg in enumerate(args):
+        def put(value, i=i):
+            return args[:i] + (value,) + args[i + 1:]
+        if isinstance(arg, (list, tuple)):
+            for j, element in enumerate(arg[:8]):
+                for label, value in value_variants(element):
+                    changed = list(arg)
+                    changed[j] = value
+                    out.append((f"arg{i}[{j}] {label}", put(type(arg)(changed))))
+        else:
+            out += [(f"arg{i} {label}", put(value)) for label, value in value_variants(arg)]
+    return out
+
+
+#: What the emulator reports when a kernel leaves its buffers or races (python_tests/emulation.py).
+EMULATOR_FAULTS = ("out of bounds", "race", "outside", "divergent", "barrier", "aligned")
+
+
 def tensor_variants(t: torch.Tensor) -> list:
     """``(label, tensor)``: malformed versions of ``t``."""
     out = [(f"dtype {dtype}", t.to(dtype)) for dtype in DTYPES if dtype != t.dtype]
@@ -148,7 +230,7 @@ def scalar_variants(value) -> list:
     return []
 
 
-def value_variants(value) -> list:
+def argument_variants(value) -> list:
     if isinstance(value, torch.Tensor):
         return tensor_variants(value) + [("None", None)]
     if value is None:
@@ -167,12 +249,12 @@ def malformed(args: tuple) -> list:
             if arg:
                 out.append((f"arg{i} without its last", put(type(arg)(arg[:-1]))))
             for j, element in enumerate(arg[:8]):
-                for label, value in value_variants(element):
+                for label, value in argument_variants(element):
                     changed = list(arg)
                     changed[j] = value
                     out.append((f"arg{i}[{j}] {label}", put(type(arg)(changed))))
         else:
-            out += [(f"arg{i} {label}", put(value)) for label, value in value_variants(arg)]
+            out += [(f"arg{i} {label}", put(value)) for label, value in argument_variants(arg)]
     return out
 
 
@@ -184,11 +266,21 @@ def copied(value):
     return value
 
 
-def run_child(which: int, start: int, log: Path) -> None:
+def op_name(op) -> str:
+    return str(op).removeprefix("specdec.").removesuffix(".default")
+
+
+def cases_of(op, args, emulated: bool) -> list:
+    return malformed_values(tuple(args)) if emulated else malformed(tuple(args))
+
+
+def run_child(which: int, start: int, log: Path, emulated: bool) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
     torch.set_num_threads(1)  # children run side by side, one per core
     op, args = samples()[which]
-    cases = malformed(tuple(args))
+    cases = cases_of(op, args, emulated)
+    if emulated:
+        op = emulated_call(op_name(op))
     with log.open("a") as out:
         for index in range(start, len(cases)):
             label, case = cases[index]
@@ -201,19 +293,22 @@ def run_child(which: int, start: int, log: Path) -> None:
             except (RuntimeError, ValueError, IndexError, TypeError, NotImplementedError,
                     MemoryError) as error:
                 result = f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+                if emulated and any(fault in str(error) for fault in EMULATOR_FAULTS):
+                    result = "FAULT " + result
             signal.alarm(0)
             out.write(json.dumps({"case": index, "label": label, "result": result}) + "\n")
             out.flush()
 
 
-def fuzz_op(which: int, op, args, folder: Path) -> tuple:
+def fuzz_op(which: int, op, args, folder: Path, emulated: bool) -> tuple:
     """``(cases, raised, accepted labels, failures)`` of one op's malformed calls."""
     log = folder / f"{which:02d}.jsonl"
     log.touch()
-    total = len(malformed(tuple(args)))
+    total = len(cases_of(op, args, emulated))
     failures, start = [], 0
     while start < total:
-        child = subprocess.Popen([sys.executable, __file__, "--child", str(which), str(start), str(log)],
+        command = [sys.executable, __file__, "--child", str(which), str(start), str(log)]
+        child = subprocess.Popen(command + (["--emulated"] if emulated else []),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         _, err = child.communicate()
         if child.returncode == 0:
@@ -226,6 +321,7 @@ def fuzz_op(which: int, op, args, folder: Path) -> tuple:
         start = entries[-1]["case"] + 1
     done = [e for e in map(json.loads, log.read_text().splitlines()) if "result" in e]
     accepted = [e["label"] for e in done if e["result"] == "accepted"]
+    failures += [(e["label"], "fault", e["result"]) for e in done if e["result"].startswith("FAULT")]
     return total, len(done) - len(accepted), accepted, failures
 
 
@@ -233,20 +329,31 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="ops whose name contains one of these")
     parser.add_argument("--accepted", action="store_true", help="list the accepted cases")
+    parser.add_argument("--emulated", action="store_true",
+                        help="the CUDA kernels in the emulator, with other values only")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        run_child(int(options.child[0]), int(options.child[1]), Path(options.child[2]))
+        run_child(int(options.child[0]), int(options.child[1]), Path(options.child[2]),
+                  options.emulated)
         return 0
+    if options.emulated:
+        from python_tests import emulation
+
+        if emulation.library() is None:  # built once here, before the children load it
+            print(f"no emulator: {emulation.UNAVAILABLE}")
+            return 1
     chosen = []
     for which, (op, args) in enumerate(samples()):
-        name = str(op).removeprefix("specdec.").removesuffix(".default")
+        name = op_name(op)
+        if options.emulated and emulated_call(name) is None:
+            continue
         if not options.only or any(part in name for part in options.only):
             chosen.append((which, name, op, args))
     failures = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        results = pool.map(lambda c: fuzz_op(c[0], c[2], c[3], Path(folder)), chosen)
+        results = pool.map(lambda c: fuzz_op(c[0], c[2], c[3], Path(folder), options.emulated), chosen)
         for (which, name, _, _), (total, raised, accepted, failed) in zip(chosen, results):
             print(f"{which:2d} {name:26s} cases {total:4d}  raised {raised:4d}  accepted "
                   f"{len(accepted):4d}  crashed or hung {len(failed)}", flush=True)
