@@ -97,7 +97,8 @@ TORCH_LIBRARY(specdec, m) {
   // Attention of T tree tokens q [B, T, Hq, D] over caches [B, Hkv, S, D] holding each request's
   // prefix (cache_lens[b] rows) followed by the tree's own K/V at cache_lens[b] + j: the prefix
   // is visible to every token, tree node k to token j where bit k of tree_mask[b, j] is set
-  // (packed int32 [B, T, ceil(T / 32)]). Query head i reads KV head i / (Hq / Hkv). Returns
+  // (packed int32 [B, T, ceil(T / 32)]; bits k >= T are padding, ignored). Query head i reads
+  // KV head i / (Hq / Hkv). Returns
   // [B, T, Hq, D] in q's dtype; a row that sees no key is zero.
   m.def(
       "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lens, "

@@ -189,7 +189,8 @@ def tree_attention(
         ``[B]`` int32/int64 prefix length of each request; ``cache_lens[b] + T <= S``.
     tree_mask : Tensor
         ``[B, T, ceil(T / 32)]`` int32 bit-packed mask (``build_tree_masks(...).packed_mask`` or
-        :func:`specdec_kernels.tree.pack_tree_mask`).
+        :func:`specdec_kernels.tree.pack_tree_mask`); bits of node columns ``>= T`` (the last
+        word's padding) are ignored.
     scale : float, optional
         Softmax scale; default ``D ** -0.5``.
     validate : bool
