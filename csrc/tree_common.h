@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "checks.h"
 #include "core/tree.h"
@@ -34,6 +35,10 @@ void check_tree_mask_values(const at::Tensor& parents, const at::Tensor& prefix_
   const index_t* lens = prefix_lens.const_data_ptr<index_t>();
   for (int64_t b = 0; b < batch; ++b) {
     TORCH_CHECK_VALUE(lens[b] >= 0, "prefix_lens[", b, "] = ", lens[b], " is negative");
+    // Positions are prefix_lens[b] + depth: they must not wrap around.
+    TORCH_CHECK_VALUE(static_cast<int64_t>(lens[b]) <= std::numeric_limits<int64_t>::max() - nodes,
+                      "prefix_lens[", b, "] = ", lens[b], " leaves no room for the positions of ",
+                      nodes, " tree nodes");
     if (nodes == 0) continue;
     const index_t* row = par + b * nodes;
     const int64_t root = row[0];

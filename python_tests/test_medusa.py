@@ -457,10 +457,12 @@ def test_a_request_does_not_depend_on_its_batch(target):
 # ---------------------------------------------------------------------------- command line
 
 
-@pytest.mark.parametrize("drafter", ["medusa", "blockwise"])
-def test_cli_generate_with_shipped_heads(capsys, loaded, drafter):
+def test_cli_generate_with_shipped_heads(capsys, loaded):
+    """The command line's wiring (blockwise goes through the same registry path; its greedy
+    identity is test_greedy_matches_hf_generate_batch_1_and_4's)."""
     from specdec_kernels import cli
 
+    drafter = "medusa"
     prompt = dev_prompts()[0]
     expected = hf_greedy(
         loaded.model, encode_prompts(loaded.tokenizer, [prompt])[0], 8,

@@ -276,6 +276,7 @@ BAD_MASK_ARGS = {
     "padding parent": ([[-1, -2, 1]], [0], "names a padding node"),
     "empty request with nodes": ([[-2, 0]], [0], "as empty"),
     "negative prefix": ([[-1, 0]], [-1], "prefix_lens\\[0\\] = -1"),
+    "prefix at the int64 maximum": ([[-1, 0]], [2**63 - 2], "leaves no room for the positions"),
     "prefix shape": ([[-1, 0]], [1, 2], "prefix_lens must have shape"),
     "parents 1-D": ([-1, 0], [1], "parents must have shape"),
 }
