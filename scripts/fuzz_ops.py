@@ -21,7 +21,8 @@ stay inside their buffers whatever those hold. A guard-zone touch or a race coun
 Accepted is not wrong by itself (a NaN logit, a fill of valid indices); ``--accepted`` lists
 those cases to read through. (2026-11-27: 4,345 cases, no crash or hang; reading the accepted
 ones found tree attention taking a mask's padding bits as nodes, a cache length near the int64
-maximum wrapping past its bound check, and decoder_stack_ ignoring num_heads: all fixed.)
+maximum wrapping past its bound check (and build_tree_masks' positions likewise), and
+decoder_stack_ ignoring num_heads: all fixed.)
 
     python3 scripts/fuzz_ops.py                 # every op, ~40 s on 2 cores
     python3 scripts/fuzz_ops.py --only tree_attention --accepted
@@ -166,23 +167,6 @@ def value_variants(t) -> list:
     return out
 
 
-def malformed_values(args: tuple) -> list:
-    """``(label, args)``: copies of ``args`` with one tensor's (or list element's) values changed."""
-    out = []
-    for i, arg in enumerate(args):
-        def put(value, i=i):
-            return args[:i] + (value,) + args[i + 1:]
-        if isinstance(arg, (list, tuple)):
-            for j, element in enumerate(arg[:8]):
-                for label, value in value_variants(element):
-                    changed = list(arg)
-                    changed[j] = value
-                    out.append((f"arg{i}[{j}] {label}", put(type(arg)(changed))))
-        else:
-            out += [(f"arg{i} {label}", put(value)) for label, value in value_variants(arg)]
-    return out
-
-
 #: What the emulator reports when a kernel leaves its buffers or races (python_tests/emulation.py).
 EMULATOR_FAULTS = ("out of bounds", "race", "outside", "divergent", "barrier", "aligned")
 
@@ -238,23 +222,26 @@ def argument_variants(value) -> list:
     return scalar_variants(value)
 
 
-def malformed(args: tuple) -> list:
-    """``(label, args)``: copies of ``args`` with one argument (or list element) changed."""
+def one_changed(args: tuple, variants, list_lengths: bool) -> list:
+    """``(label, args)``: copies of ``args`` with one argument, or one of the first 8 elements
+    of a list argument, replaced by each of ``variants(value)``; ``list_lengths``: lists also
+    emptied and shortened by one."""
     out = []
     for i, arg in enumerate(args):
         def put(value, i=i):
             return args[:i] + (value,) + args[i + 1:]
-        if isinstance(arg, (list, tuple)):
+        if not isinstance(arg, (list, tuple)):
+            out += [(f"arg{i} {label}", put(value)) for label, value in variants(arg)]
+            continue
+        if list_lengths:
             out.append((f"arg{i} = []", put(type(arg)())))
             if arg:
                 out.append((f"arg{i} without its last", put(type(arg)(arg[:-1]))))
-            for j, element in enumerate(arg[:8]):
-                for label, value in argument_variants(element):
-                    changed = list(arg)
-                    changed[j] = value
-                    out.append((f"arg{i}[{j}] {label}", put(type(arg)(changed))))
-        else:
-            out += [(f"arg{i} {label}", put(value)) for label, value in argument_variants(arg)]
+        for j, element in enumerate(arg[:8]):
+            for label, value in variants(element):
+                changed = list(arg)
+                changed[j] = value
+                out.append((f"arg{i}[{j}] {label}", put(type(arg)(changed))))
     return out
 
 
@@ -270,15 +257,19 @@ def op_name(op) -> str:
     return str(op).removeprefix("specdec.").removesuffix(".default")
 
 
-def cases_of(op, args, emulated: bool) -> list:
-    return malformed_values(tuple(args)) if emulated else malformed(tuple(args))
+def cases_of(args, emulated: bool) -> list:
+    """The calls to make: other values only for the emulated CUDA kernels (their launchers
+    check shapes on the host), any change for the CPU ops."""
+    if emulated:
+        return one_changed(tuple(args), value_variants, list_lengths=False)
+    return one_changed(tuple(args), argument_variants, list_lengths=True)
 
 
 def run_child(which: int, start: int, log: Path, emulated: bool) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (12 << 30, 12 << 30))
     torch.set_num_threads(1)  # children run side by side, one per core
     op, args = samples()[which]
-    cases = cases_of(op, args, emulated)
+    cases = cases_of(args, emulated)
     if emulated:
         op = emulated_call(op_name(op))
     with log.open("a") as out:
@@ -304,7 +295,7 @@ def fuzz_op(which: int, op, args, folder: Path, emulated: bool) -> tuple:
     """``(cases, raised, accepted labels, failures)`` of one op's malformed calls."""
     log = folder / f"{which:02d}.jsonl"
     log.touch()
-    total = len(cases_of(op, args, emulated))
+    total = len(cases_of(args, emulated))
     failures, start = [], 0
     while start < total:
         command = [sys.executable, __file__, "--child", str(which), str(start), str(log)]
