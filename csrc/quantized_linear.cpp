@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "cpu_qdot.h"
+#include "cpu_qpanel.h"
 
 namespace specdec {
 namespace {
@@ -51,7 +52,90 @@ void qlinear_rows(const QuantizedRows& x, const QuantizedWeights<S>& w, int64_t 
   });
 }
 
+template <typename S>
+void qlinear_panels(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w, int64_t panels,
+                    float* out, const qpanel::PanelTiles<S>& tiles) {
+  const int64_t M = x.rows, N = panels * qpanel::kPanelRows;
+  // Enough weight bytes per task to amortise the scheduling (~64 KB).
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, w.blocks * qpanel::kBlockBytes));
+  // Row tiles as even as possible; the panel stays in cache while each passes over it.
+  const int64_t row_tiles = (M + tiles.rows - 1) / tiles.rows;
+  at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      int64_t m0 = 0;
+      for (int64_t r = 0; r < row_tiles; ++r) {
+        const int mr = static_cast<int>(M / row_tiles + (r < M % row_tiles ? 1 : 0));
+        tiles.table[mr - 1](x, m0, w, p, out + m0 * N + p * qpanel::kPanelRows, N);
+        m0 += mr;
+      }
+    }
+  });
+}
+
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// The panel layout (cpu_qpanel.h): int4, group 32, 16 weight rows per panel.
+at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qweight,
+                                       const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                                       const std::optional<at::Tensor>& bias) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(qweight.scalar_type() == at::kByte && qweight.size(2) == qpanel::kBlockBytes,
+                    "quantized_linear: a 3-D qweight is the int4 panel layout, uint8 [N / 16, K / 32, 256]; got ",
+                    qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t K = x.size(-1);
+  const int64_t panels = qweight.size(0), blocks = qweight.size(1);
+  TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has shape ", x.sizes(),
+                    " but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
+                    K / qpanel::kBlock, ", 256] with K a multiple of 32");
+  TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
+                        scales.size(2) == qpanel::kPanelRows,
+                    "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
+                    " scales must have shape [", panels, ", ", blocks, ", 16], got ", scales.sizes());
+  const auto scale_type = scales.scalar_type();
+  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
+                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
+  if (mins.has_value()) {
+    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
+                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
+    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
+                      mins->scalar_type(), " but scales has ", scale_type);
+  }
+  const int64_t N = panels * qpanel::kPanelRows;
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
+                      "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
+                      bias->scalar_type(), " but x has ", dtype);
+  }
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  int64_t M = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
+  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
+
+  const at::Tensor rows = x.reshape({M, K}).contiguous();
+  const at::Tensor q = qweight.contiguous();
+  const at::Tensor s = scales.contiguous();
+  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
+  const int level = simd::max_level();
+  const qpanel::PanelRows xq =
+      dtype == at::kFloat ? qpanel::quantize_rows(rows.const_data_ptr<float>(), M, K, level)
+                          : qpanel::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, level);
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  auto run = [&](auto scale_tag) {
+    using S = decltype(scale_tag);
+    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),
+                                    mn.defined() ? mn.const_data_ptr<S>() : nullptr, blocks};
+    qlinear_panels(xq, w, panels, out.mutable_data_ptr<float>(), qpanel::tiles_for<S>(level));
+  };
+  if (scale_type == at::kFloat) {
+    run(float{});
+  } else {
+    run(c10::Half{});
+  }
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
+  return out.to(dtype).view(out_sizes);
+}
 
 at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
                                 const at::Tensor& scales, const std::optional<at::Tensor>& mins,
@@ -60,8 +144,18 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
   const auto dtype = x.scalar_type();
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16,
                     "quantized_linear: x must be float32 or bfloat16, got ", dtype);
-  TORCH_CHECK_VALUE(qweight.dim() == 2, "quantized_linear: qweight must have shape [N, K] (int8) "
-                    "or [N, K / 2] (uint8, packed int4), got ", qweight.sizes());
+  TORCH_CHECK_VALUE(qweight.dim() == 2 || qweight.dim() == 3, "quantized_linear: qweight must have shape [N, K] (int8), "
+                    "[N, K / 2] (uint8, packed int4) or [N / 16, K / 32, 256] (uint8, int4 panels), got ",
+                    qweight.sizes());
+  for (const at::Tensor* t : {&qweight, &scales}) {
+    TORCH_CHECK_VALUE(t->device() == x.device(), "quantized_linear: x is on ", x.device(),
+                      " but a weight tensor is on ", t->device());
+  }
+  TORCH_CHECK_VALUE(!mins.has_value() || mins->device() == x.device(),
+                    "quantized_linear: mins is on ", mins->device(), " but x is on ", x.device());
+  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == x.device(),
+                    "quantized_linear: bias is on ", bias->device(), " but x is on ", x.device());
+  if (qweight.dim() == 3) return quantized_linear_panels_cpu(x, qweight, scales, mins, bias);
   const bool int4 = qweight.scalar_type() == at::kByte;
   TORCH_CHECK_VALUE(int4 || qweight.scalar_type() == at::kChar,
                     "quantized_linear: qweight must be int8 or uint8 (packed int4), got ",
@@ -96,14 +190,6 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
     TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
                       bias->scalar_type(), " but x has ", dtype);
   }
-  for (const at::Tensor* t : {&qweight, &scales}) {
-    TORCH_CHECK_VALUE(t->device() == x.device(), "quantized_linear: x is on ", x.device(),
-                      " but a weight tensor is on ", t->device());
-  }
-  TORCH_CHECK_VALUE(!mins.has_value() || mins->device() == x.device(),
-                    "quantized_linear: mins is on ", mins->device(), " but x is on ", x.device());
-  TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == x.device(),
-                    "quantized_linear: bias is on ", bias->device(), " but x is on ", x.device());
 
   std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
   out_sizes.back() = N;

@@ -65,6 +65,7 @@ def samples() -> list:
     from python_tests.test_decoder_stack import stack_operands
     from python_tests.test_kv_cache import opcheck_samples
     from python_tests.test_quantized_linear import operands as quantized_operands
+    from python_tests.test_quantized_panels import panel_operands
     from python_tests.test_tree import random_parents
     from python_tests.test_tree_attention import make_case
     from python_tests.test_verify import verify_samples
@@ -92,6 +93,8 @@ def samples() -> list:
     out.append((ops.quantized_linear.default, (x, q, s, None, None)))
     x, q, s, mins, _ = quantized_operands(1, 37, 576, 4, 32, gen, scale_dtype=torch.float16)
     out.append((ops.quantized_linear.default, (x, q, s, mins, None)))  # one row, fp16 scales
+    x, _, panels, b = panel_operands(5, 48, 96, gen, bias=True)
+    out.append((ops.quantized_linear.default, (x, *panels, b)))  # int4 panels
     x, norm = torch.randn(3, 40, generator=gen), torch.rand(40, generator=gen) + 0.5
     out.append((ops.small_batch_linear.default,
                 (x, torch.randn(7, 40, generator=gen), torch.randn(7, generator=gen))))

@@ -576,9 +576,29 @@ def unpack_int4(packed: Tensor) -> Tensor:
     return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).reshape(n, half * 2)
 
 
+def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
+    """The int4 panel layout of :func:`specdec_kernels.ops.quantized_linear` back to the row
+    layout: ``qweight [N / 16, K / 32, 256]`` (byte ``64 j + 4 r + i`` of panel ``p``, block
+    ``b`` is byte ``4 j + i`` of row ``16 p + r``'s block ``b``) to ``[N, K / 2]``; scales and
+    mins ``[N / 16, K / 32, 16]`` to ``[N, K / 32]``. A pure permutation of bytes and values.
+
+    Returns ``(qweight, scales, mins)`` in the row layout.
+    """
+    panels, blocks, _ = qweight.shape
+    rows = qweight.view(panels, blocks, 4, 16, 4).permute(0, 3, 1, 2, 4).reshape(panels * 16, blocks * 16)
+
+    def per_row(t):
+        return None if t is None else t.permute(0, 2, 1).reshape(panels * 16, blocks)
+
+    return rows, per_row(scales), per_row(mins)
+
+
 def dequantize_weight(qweight: Tensor, scales: Tensor, mins: Tensor | None = None) -> Tensor:
     """The float32 ``[N, K]`` weight of :func:`specdec_kernels.ops.quantized_linear`'s operands:
-    ``scales[n, g] * q + mins[n, g]`` with ``q`` the int8 values or the unpacked int4 ones."""
+    ``scales[n, g] * q + mins[n, g]`` with ``q`` the int8 values or the unpacked int4 ones (the
+    panel layout first put back in rows, :func:`unpack_panels`)."""
+    if qweight.dim() == 3:
+        qweight, scales, mins = unpack_panels(qweight, scales, mins)
     q = unpack_int4(qweight) if qweight.dtype == torch.uint8 else qweight
     n, k = q.shape
     groups = scales.shape[1]

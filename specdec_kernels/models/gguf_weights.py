@@ -36,6 +36,7 @@ from torch import nn
 from specdec_kernels.models.quantized_weight import (
     QuantizedWeight,
     lay_out_projections,
+    pack_model_panels,
     set_weight,
 )
 
@@ -275,6 +276,7 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
             weight = torch.from_numpy(np.array(_processed(processor, tensor.name, weight.float().numpy()))).to(dtype)
         placed[hf_name] = weight
     _place(model, placed, device)
+    pack_model_panels(model)  # int4 in the CPU kernel's panels of 16 rows
     lay_out_projections(model)  # a layer's q/k/v and gate/up run as one kernel call each
     model.eval()
     return model, tokenizer

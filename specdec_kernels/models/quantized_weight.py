@@ -20,6 +20,8 @@ __all__ = [
     "joined_rows",
     "lay_out_projections",
     "lay_out_together",
+    "pack_panels",
+    "pack_model_panels",
     "quantize_model",
     "quantize_weight",
     "resident_bytes",
@@ -33,9 +35,10 @@ class QuantizedWeight(Tensor):
     Parameters
     ----------
     qweight : Tensor
-        ``[N, K]`` int8 or ``[N, K / 2]`` uint8 (packed int4, see the op).
+        ``[N, K]`` int8 or ``[N, K / 2]`` uint8 (packed int4, see the op), or on CPU int4 in
+        panels of 16 rows, ``[N / 16, K / 32, 256]`` (:func:`pack_panels`).
     scales : Tensor
-        ``[N, K / G]`` float32 or float16.
+        ``[N, K / G]`` float32 or float16 (panels: ``[N / 16, K / 32, 16]``).
     mins : Tensor, optional
         Like ``scales``.
     dtype : torch.dtype
@@ -47,9 +50,12 @@ class QuantizedWeight(Tensor):
     @staticmethod
     def __new__(cls, qweight: Tensor, scales: Tensor, mins: Tensor | None = None, *,
                 dtype: torch.dtype = torch.float32, kind: str = ""):
-        columns = qweight.shape[1] * (2 if qweight.dtype == torch.uint8 else 1)
+        if qweight.dim() == 3:  # panels
+            shape = (qweight.shape[0] * PANEL_ROWS, qweight.shape[1] * PANEL_GROUP)
+        else:
+            shape = (qweight.shape[0], qweight.shape[1] * (2 if qweight.dtype == torch.uint8 else 1))
         return Tensor._make_wrapper_subclass(
-            cls, (qweight.shape[0], columns), dtype=dtype, device=qweight.device,
+            cls, shape, dtype=dtype, device=qweight.device,
             requires_grad=False,
         )
 
@@ -86,13 +92,36 @@ class QuantizedWeight(Tensor):
 
         if rows is None:
             return dequantize_weight(self.qweight, self.scales, self.mins).to(self.dtype)
-        mins = None if self.mins is None else self.mins[rows]
-        return dequantize_weight(self.qweight[rows], self.scales[rows], mins).to(self.dtype)
+        qweight, scales, mins = self._row_parts(rows)
+        return dequantize_weight(qweight, scales, mins).to(self.dtype)
+
+    def _row_parts(self, rows: Tensor | None = None) -> tuple:
+        """``(qweight, scales, mins)`` in the row layout, of ``rows`` only where given (a
+        panel weight gathers just those rows' bytes)."""
+        if self.qweight.dim() == 2:
+            if rows is None:
+                return self.qweight, self.scales, self.mins
+            return self.qweight[rows], self.scales[rows], None if self.mins is None else self.mins[rows]
+        if rows is None:
+            from specdec_kernels.reference import unpack_panels
+
+            return unpack_panels(self.qweight, self.scales, self.mins)
+        panels, blocks, _ = self.qweight.shape
+        panel, lane = rows // PANEL_ROWS, rows % PANEL_ROWS
+        qweight = self.qweight.view(panels, blocks, 4, PANEL_ROWS, 4)[panel, :, :, lane, :]
+
+        def per_row(t):
+            return None if t is None else t[panel, :, lane]
+
+        return qweight.reshape(rows.shape[0], blocks * 16), per_row(self.scales), per_row(self.mins)
 
     def _with(self, **changes) -> "QuantizedWeight":
         parts = dict(qweight=self.qweight, scales=self.scales, mins=self.mins)
         device = changes.pop("device", None)
         if device is not None:
+            if torch.device(device).type != "cpu" and self.qweight.dim() == 3:
+                # the panel layout is the CPU kernel's: other devices get the rows back
+                parts = dict(zip(("qweight", "scales", "mins"), self._row_parts()))
             parts = {k: None if v is None else v.to(device) for k, v in parts.items()}
         return QuantizedWeight(parts["qweight"], parts["scales"], parts["mins"],
                                dtype=changes.get("dtype", self.dtype), kind=self.kind)
@@ -188,6 +217,48 @@ def quantize_weight(weight: Tensor, bits: int, group: int) -> QuantizedWeight:
                            kind=f"int4/g{group}")
 
 
+#: Weight rows per panel and values per group of the panel layout (ops.quantized_linear).
+PANEL_ROWS, PANEL_GROUP = 16, 32
+
+
+def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
+    """``weight`` in the CPU kernel's panel layout where it fits (int4, group 32, ``N`` a
+    multiple of 16, on CPU), else ``weight`` itself. Values, scales and mins are only moved
+    (:func:`specdec_kernels.reference.unpack_panels` is the inverse): the kernel multiplies 16
+    weight rows per instruction there, 2-2.5x faster than the row layout at every batch size
+    on the Zen 5 of bench/RESULTS.md, with other rounding (the results are not the row
+    layout's bits, and are the same on every instruction set)."""
+    q = weight.qweight
+    if (q.dim() != 2 or q.dtype != torch.uint8 or weight.group != PANEL_GROUP
+            or weight.shape[0] % PANEL_ROWS or q.device.type != "cpu"):
+        return weight
+    panels, blocks = weight.shape[0] // PANEL_ROWS, weight.shape[1] // PANEL_GROUP
+    packed = q.reshape(panels, PANEL_ROWS, blocks, 4, 4).permute(0, 2, 3, 1, 4).reshape(panels, blocks, 256)
+
+    def per_panel(t):
+        return None if t is None else t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()
+
+    return QuantizedWeight(packed.contiguous(), per_panel(weight.scales), per_panel(weight.mins),
+                           dtype=weight.dtype, kind=weight.kind)
+
+
+def pack_model_panels(model: nn.Module) -> int:
+    """Every quantized weight of ``model`` that fits the panel layout (:func:`pack_panels`)
+    replaced by its packed form, in place, tied weights staying tied. Call it before
+    :func:`lay_out_projections` (which joins the packed weights alike). Returns how many
+    weights were packed."""
+    packed: dict = {}
+    for module in model.modules():
+        for name, buf in list(module._buffers.items()):
+            if not isinstance(buf, QuantizedWeight):
+                continue
+            if id(buf) not in packed:
+                packed[id(buf)] = pack_panels(buf)
+            if packed[id(buf)] is not buf:
+                set_weight(module, packed[id(buf)], name)
+    return sum(1 for key, w in packed.items() if id(w) != key)
+
+
 def pack_int4(values: Tensor) -> Tensor:
     """``[N, K]`` values 0..15 to the packed ``[N, K / 2]`` uint8 layout (per block of 32:
     byte ``j`` = value ``j`` | value ``j + 16`` << 4)."""
@@ -214,6 +285,7 @@ def quantize_model(model: nn.Module, bits: int, group: int) -> nn.Module:
         if key not in done:
             done[key] = quantize_weight(weight, bits, group)
         set_weight(module, done[key])
+    pack_model_panels(model)
     lay_out_projections(model)
     return model
 
@@ -245,7 +317,8 @@ def _compatible(weights) -> bool:
     first = weights[0]
     return all(
         isinstance(w, QuantizedWeight) and w.dtype == first.dtype and w.shape[1] == first.shape[1]
-        and w.qweight.dtype == first.qweight.dtype and w.scales.dtype == first.scales.dtype
+        and w.qweight.dtype == first.qweight.dtype and w.qweight.dim() == first.qweight.dim()
+        and w.scales.dtype == first.scales.dtype
         and w.group == first.group and (w.mins is None) == (first.mins is None)
         and w.device == first.device
         for w in weights
@@ -269,10 +342,11 @@ def lay_out_together(modules: list) -> bool:
     joined = [torch.cat(parts) for parts in zip(*(_parts(w) for w in weights))]
     begin = 0
     for module, weight in zip(modules, weights):
-        rows = slice(begin, begin + weight.shape[0])
-        views = [j[rows] for j in joined] + ([None] if weight.mins is None else [])
+        # rows of the row layout, panels of 16 rows of the panel layout: the leading dimension
+        lead = slice(begin, begin + weight.qweight.shape[0])
+        views = [j[lead] for j in joined] + ([None] if weight.mins is None else [])
         set_weight(module, QuantizedWeight(*views, dtype=weight.dtype, kind=weight.kind))
-        begin += weight.shape[0]
+        begin += weight.qweight.shape[0]
     return True
 
 
@@ -288,8 +362,8 @@ def joined_rows(weights) -> QuantizedWeight | None:
                     or pa.untyped_storage().data_ptr() != pb.untyped_storage().data_ptr()
                     or pa.data_ptr() + pa.nbytes != pb.data_ptr()):
                 return None
-    rows = sum(w.shape[0] for w in weights)
-    views = [p.as_strided((rows, p.shape[1]), (p.shape[1], 1)) for p in _parts(weights[0])]
+    lead = sum(w.qweight.shape[0] for w in weights)  # rows, or panels of the panel layout
+    views = [p.as_strided((lead, *p.shape[1:]), p.stride()) for p in _parts(weights[0])]
     first = weights[0]
     return QuantizedWeight(*views, *([None] if first.mins is None else []),
                            dtype=first.dtype, kind=first.kind)

@@ -1,0 +1,362 @@
+// Panel tiles of quantized_linear (csrc/quantized_linear.cpp): int4 weights repacked so that
+// 16 weight rows lie along the vector lanes (llama.cpp's repacked GEMM formats do the same).
+//
+// Why: the row layout (cpu_qdot.h) puts K along the lanes, so every output pays a float
+// conversion, a scale product and an FMA per 128 values and a horizontal reduction at the end.
+// Here one vpdpbusd advances 16 outputs by 4 values each (x enters as a broadcast 4-byte
+// group), the float work is once per (x row, 16 weight rows, block of 32) and there is no
+// reduction. On the 2-core Zen 5 (bench/kernel_ab/packed_int4.cpp, a step's int4 linears from
+// memory) it took 0.40-0.49x the row layout's time at M = 1..16.
+//
+// Layout (ops.quantized_linear, models/quantized_weight.py pack_panels):
+//   qweight [N / 16, K / 32, 256] uint8: for panel p and block b, byte 64 j + 4 r + i
+//     (j < 4, r < 16, i < 4) is byte 4 j + i of row 16 p + r's block b in the row layout
+//     (value 4 j + i in the low nibble, value 4 j + i + 16 in the high nibble, unsigned).
+//   scales, mins [N / 16, K / 32, 16] float32 or float16: entry r of (p, b) is row 16 p + r's.
+//
+// Arithmetic of one output, identical on every instruction set (the integer sums are exact and
+// the float operations are the same fused ones in the same order), and independent of M, of a
+// row's place in the batch and of threads:
+//   acc = 0
+//   for each block b:  acc = fma(float(isum_b), scale_b * xscale_b, acc)
+//                      acc = fma(min_b, xsum_b, acc)            (with mins)
+// where isum_b is the exact integer dot product of the block's 32 weight and x values, xscale_b
+// and the int8 x values come from quantizing the x row per block of 32 (the row layout's
+// quantizer), and xsum_b = float(sum of the block's int8 x values) * xscale_b.
+#pragma once
+
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu_qdot.h"
+#include "cpu_simd.h"
+
+namespace specdec {
+namespace qpanel {
+
+constexpr int kPanelRows = 16;   // weight rows per panel
+constexpr int kBlock = 32;       // values per block (the group)
+constexpr int kBlockBytes = 256; // bytes of one (panel, block)
+
+// x rows quantized for the panel tiles: int8 in K order, per block a scale and the
+// dequantized sum.
+struct PanelRows {
+  int64_t rows = 0, K = 0, blocks = 0;
+  std::vector<int8_t> q;
+  std::vector<float> scale, sum;
+};
+
+template <typename T>
+PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
+  PanelRows out;
+  out.rows = rows;
+  out.K = K;
+  out.blocks = K / kBlock;
+  out.q.assign(rows * K, 0);
+  out.scale.assign(rows * out.blocks, 0.0f);
+  out.sum.assign(rows * out.blocks, 0.0f);
+  float values[kBlock];
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t b = 0; b < out.blocks; ++b) {
+      const T* src = x + m * K + b * kBlock;
+      for (int i = 0; i < kBlock; ++i) values[i] = static_cast<float>(src[i]);
+      int8_t* q = out.q.data() + m * K + b * kBlock;
+      int32_t half_sum[2];
+      float amax;
+#if SPECDEC_X86
+      if (level >= simd::kAvx512) {
+        amax = qdot::quantize_block32_avx512(values, q, q + 16, half_sum);
+      } else if (level >= simd::kAvx2) {
+        amax = qdot::quantize_block32_avx2(values, q, q + 16, half_sum);
+      } else {
+        amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
+      }
+#else
+      (void)level;
+      amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
+#endif
+      const float scale = amax / 127.0f;
+      out.scale[m * out.blocks + b] = scale;
+      out.sum[m * out.blocks + b] = static_cast<float>(half_sum[0] + half_sum[1]) * scale;
+    }
+  }
+  return out;
+}
+
+// The weights of one call.
+template <typename S>
+struct PanelWeights {
+  const uint8_t* q;  // [panels, blocks, 256]
+  const S* scale;    // [panels, blocks, 16]
+  const S* min;      // like scale, or nullptr
+  int64_t blocks;
+};
+
+// Rows m0 .. m0 + MR - 1 of x against panel p: out[m * ldo + r] for the panel's 16 rows.
+template <typename S>
+using PanelTileFn = void (*)(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
+                             float* out, int64_t ldo);
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::Half v) { return static_cast<float>(v); }
+
+// ----------------------------------------------------------------------------- portable
+
+template <typename S, int MR>
+void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
+                         float* out, int64_t ldo) {
+  const uint8_t* wp = w.q + p * w.blocks * kBlockBytes;
+  for (int mi = 0; mi < MR; ++mi) {
+    const int64_t m = m0 + mi;
+    const int8_t* xq = x.q.data() + m * x.K;
+    for (int r = 0; r < kPanelRows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < w.blocks; ++b) {
+        const uint8_t* v = wp + b * kBlockBytes;
+        const int8_t* xb = xq + b * kBlock;
+        int32_t isum = 0;
+        for (int j = 0; j < 4; ++j)
+          for (int i = 0; i < 4; ++i) {
+            const uint8_t byte = v[64 * j + 4 * r + i];
+            isum += static_cast<int32_t>(byte & 0x0F) * xb[4 * j + i];
+            isum += static_cast<int32_t>(byte >> 4) * xb[16 + 4 * j + i];
+          }
+        const int64_t e = (p * w.blocks + b) * kPanelRows + r;
+        const float combined = to_float(w.scale[e]) * x.scale[m * x.blocks + b];
+        acc = std::fma(static_cast<float>(isum), combined, acc);
+        if (w.min != nullptr) acc = std::fma(to_float(w.min[e]), x.sum[m * x.blocks + b], acc);
+      }
+      out[mi * ldo + r] = acc;
+    }
+  }
+}
+
+#if SPECDEC_X86
+// ----------------------------------------------------------------------------- AVX-512
+
+SPECDEC_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+SPECDEC_TARGET_AVX512 inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Integer sums of 16 lanes: sum over each lane's 4 bytes of w (unsigned) * x (signed).
+template <bool kVnni>
+SPECDEC_TARGET_AVX512VNNI inline __m512i dot16(__m512i acc, __m512i w, __m512i x) {
+  if constexpr (kVnni) {
+    return _mm512_dpbusd_epi32(acc, w, x);
+  } else {  // |w| <= 15, |x| <= 127: the int16 pairs never saturate
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+  }
+}
+
+template <typename S, int MR, bool kVnni>
+SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
+                                                 const PanelWeights<S>& w, int64_t p, float* out,
+                                                 int64_t ldo) {
+  const int64_t blocks = w.blocks;
+  const uint8_t* wp = w.q + p * blocks * kBlockBytes;
+  const S* ws = w.scale + p * blocks * kPanelRows;
+  const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows : nullptr;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MR];
+  const int32_t* xq[MR];
+  const float* xs[MR];
+  const float* xsum[MR];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+    acc[m] = _mm512_setzero_ps();
+    xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
+    xs[m] = x.scale.data() + (m0 + m) * x.blocks;
+    xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* v = wp + b * kBlockBytes;
+    // Four blocks ahead: the panel is one contiguous stream.
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) __builtin_prefetch(v + 4 * kBlockBytes + 64 * j, 0, 3);
+    __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i raw = _mm512_loadu_si512(v + 64 * j);
+      lo[j] = _mm512_and_si512(raw, low4);
+      hi[j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    }
+    const __m512 scale = load16(ws + b * kPanelRows);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      // x values 4j..4j+3 meet the low nibbles of vector j, 16+4j.. the high ones; two
+      // chains of sums keep the dot products' latency in the shadow.
+      const int32_t* q = xq[m] + b * 8;
+      __m512i even = dot16<kVnni>(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(q[0]));
+      __m512i odd = dot16<kVnni>(_mm512_setzero_si512(), lo[1], _mm512_set1_epi32(q[1]));
+      even = dot16<kVnni>(even, lo[2], _mm512_set1_epi32(q[2]));
+      odd = dot16<kVnni>(odd, lo[3], _mm512_set1_epi32(q[3]));
+      even = dot16<kVnni>(even, hi[0], _mm512_set1_epi32(q[4]));
+      odd = dot16<kVnni>(odd, hi[1], _mm512_set1_epi32(q[5]));
+      even = dot16<kVnni>(even, hi[2], _mm512_set1_epi32(q[6]));
+      odd = dot16<kVnni>(odd, hi[3], _mm512_set1_epi32(q[7]));
+      const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      acc[m] = _mm512_fmadd_ps(isum, _mm512_mul_ps(scale, _mm512_set1_ps(xs[m][b])), acc[m]);
+    }
+    if (wm != nullptr) {
+      const __m512 min = load16(wm + b * kPanelRows);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsum[m][b]), acc[m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + m * ldo, acc[m]);
+}
+
+// ----------------------------------------------------------------------------- AVX2
+
+SPECDEC_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_TARGET_AVX2 inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <bool kVnni>
+SPECDEC_TARGET_AVX2_VNNI inline __m256i dot8(__m256i acc, __m256i w, __m256i x) {
+  if constexpr (kVnni) {
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+  } else {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+  }
+}
+
+// One half of a panel (rows 8 h .. 8 h + 7: bytes 32 h .. 32 h + 31 of each vector), 8 lanes.
+template <typename S, int MR, bool kVnni>
+SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w,
+                                              int64_t p, int h, float* out, int64_t ldo) {
+  const int64_t blocks = w.blocks;
+  const uint8_t* wp = w.q + p * blocks * kBlockBytes + 32 * h;
+  const S* ws = w.scale + p * blocks * kPanelRows + 8 * h;
+  const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows + 8 * h : nullptr;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MR];
+  const int32_t* xq[MR];
+  const float* xs[MR];
+  const float* xsum[MR];
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m) {
+    acc[m] = _mm256_setzero_ps();
+    xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
+    xs[m] = x.scale.data() + (m0 + m) * x.blocks;
+    xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* v = wp + b * kBlockBytes;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) __builtin_prefetch(v + 4 * kBlockBytes + 64 * j, 0, 3);
+    __m256i lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * j));
+      lo[j] = _mm256_and_si256(raw, low4);
+      hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    }
+    const __m256 scale = load8(ws + b * kPanelRows);
+#pragma GCC unroll 4
+    for (int m = 0; m < MR; ++m) {
+      const int32_t* q = xq[m] + b * 8;
+      __m256i even = dot8<kVnni>(_mm256_setzero_si256(), lo[0], _mm256_set1_epi32(q[0]));
+      __m256i odd = dot8<kVnni>(_mm256_setzero_si256(), lo[1], _mm256_set1_epi32(q[1]));
+      even = dot8<kVnni>(even, lo[2], _mm256_set1_epi32(q[2]));
+      odd = dot8<kVnni>(odd, lo[3], _mm256_set1_epi32(q[3]));
+      even = dot8<kVnni>(even, hi[0], _mm256_set1_epi32(q[4]));
+      odd = dot8<kVnni>(odd, hi[1], _mm256_set1_epi32(q[5]));
+      even = dot8<kVnni>(even, hi[2], _mm256_set1_epi32(q[6]));
+      odd = dot8<kVnni>(odd, hi[3], _mm256_set1_epi32(q[7]));
+      const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+      acc[m] = _mm256_fmadd_ps(isum, _mm256_mul_ps(scale, _mm256_set1_ps(xs[m][b])), acc[m]);
+    }
+    if (wm != nullptr) {
+      const __m256 min = load8(wm + b * kPanelRows);
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(min, _mm256_set1_ps(xsum[m][b]), acc[m]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
+}
+
+template <typename S, int MR, bool kVnni>
+void panel_tile_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p, float* out,
+                     int64_t ldo) {
+  panel_half_avx2<S, MR, kVnni>(x, m0, w, p, 0, out, ldo);
+  panel_half_avx2<S, MR, kVnni>(x, m0, w, p, 1, out, ldo);
+}
+#endif  // SPECDEC_X86
+
+// ----------------------------------------------------------------------------- tile tables
+
+// Rows per tile: AVX-512 holds 8 accumulators beside the 8 weight vectors (32 registers);
+// AVX2 holds 4 (16 registers).
+constexpr int kMaxTileRows = 8;
+
+template <typename S>
+struct PanelTiles {
+  PanelTileFn<S> table[kMaxTileRows] = {};
+  int rows = 1;  // the largest tile
+};
+
+template <typename S, template <int> class Kernel, int... MR>
+PanelTiles<S> make_tiles(std::integer_sequence<int, MR...>) {
+  PanelTiles<S> t;
+  ((t.table[MR] = Kernel<MR + 1>::fn), ...);
+  t.rows = static_cast<int>(sizeof...(MR));
+  return t;
+}
+
+template <typename S>
+struct PortableP {
+  template <int MR>
+  struct K {
+    static constexpr PanelTileFn<S> fn = &panel_tile_portable<S, MR>;
+  };
+};
+
+#if SPECDEC_X86
+template <typename S, bool kVnni>
+struct Avx512P {
+  template <int MR>
+  struct K {
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx512<S, MR, kVnni>;
+  };
+};
+
+template <typename S, bool kVnni>
+struct Avx2P {
+  template <int MR>
+  struct K {
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx2<S, MR, kVnni>;
+  };
+};
+#endif
+
+// The tiles of the best instruction set allowed (all give the same bits).
+template <typename S>
+const PanelTiles<S>& tiles_for(int level) {
+  static const PanelTiles<S> portable =
+      make_tiles<S, PortableP<S>::template K>(std::make_integer_sequence<int, 4>{});
+#if SPECDEC_X86
+  static const PanelTiles<S> avx2 =
+      make_tiles<S, Avx2P<S, false>::template K>(std::make_integer_sequence<int, 4>{});
+  static const PanelTiles<S> avx2_vnni =
+      make_tiles<S, Avx2P<S, true>::template K>(std::make_integer_sequence<int, 4>{});
+  static const PanelTiles<S> avx512 =
+      make_tiles<S, Avx512P<S, false>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+  static const PanelTiles<S> avx512_vnni =
+      make_tiles<S, Avx512P<S, true>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+  if (level >= simd::kAvx512) return qdot::has_avx512_vnni() ? avx512_vnni : avx512;
+  if (level >= simd::kAvx2) return qdot::has_avx_vnni() ? avx2_vnni : avx2;
+#endif
+  (void)level;
+  return portable;
+}
+
+}  // namespace qpanel
+}  // namespace specdec

@@ -1,0 +1,253 @@
+"""quantized_linear's int4 panel layout (csrc/cpu_qpanel.h): the packing and its inverse, the
+kernel against the reference on every CPU path, the same bits on every path and in any batch,
+bad input, opcheck; QuantizedWeight holding panels inside models."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_tests.conftest import DEVICES
+from python_tests.test_quantized_linear import tolerance
+from specdec_kernels import ops, reference
+from specdec_kernels.models.quantized_weight import (
+    QuantizedWeight,
+    joined_rows,
+    lay_out_together,
+    pack_model_panels,
+    pack_panels,
+    quantize_model,
+    quantize_weight,
+    resident_bytes,
+    set_weight,
+)
+
+# (M, N, K): N a multiple of 16 (the panel), K of 32 (the group); M crossing the 8-row
+# (AVX-512) and 4-row (AVX2, portable) tiles.
+SHAPES = [(1, 16, 32), (3, 48, 96), (5, 160, 576), (9, 32, 1536), (17, 16, 64), (2, 80, 352)]
+
+
+def panel_operands(m, n, k, gen, *, mins=True, scale_dtype=torch.float32, dtype=torch.float32,
+                   bias=False):
+    """Random operands in the row layout and the same weight in panels."""
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    q = torch.randint(0, 256, (n, k // 2), generator=gen).to(torch.uint8)
+    scales = (torch.rand(n, k // 32, generator=gen) * 0.05).to(scale_dtype)
+    mn = (torch.randn(n, k // 32, generator=gen) * 0.05).to(scale_dtype) if mins else None
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    packed = pack_panels(QuantizedWeight(q, scales, mn, dtype=dtype))
+    return x, (q, scales, mn), (packed.qweight, packed.scales, packed.mins), b
+
+
+@pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (32, 1536)])
+@pytest.mark.parametrize("mins", [True, False])
+def test_pack_and_unpack_are_inverse(n, k, mins, gen):
+    """The panels hold the row layout's bytes, scales and mins, moved: byte 64 j + 4 r + i of
+    (panel p, block b) is byte 4 j + i of row 16 p + r's block b."""
+    _, rows, panels, _ = panel_operands(1, n, k, gen, mins=mins)
+    assert panels[0].shape == (n // 16, k // 32, 256) and panels[1].shape == (n // 16, k // 32, 16)
+    back = reference.unpack_panels(*panels)
+    for got, want in zip(back, rows):
+        assert (got is None and want is None) or torch.equal(got, want)
+    q, packed = rows[0], panels[0]
+    p, b = n // 16 - 1, k // 32 - 1  # the last panel and block: j = 3, r = 5, i = 1
+    assert packed[p, b, 64 * 3 + 4 * 5 + 1] == q[16 * p + 5, 16 * b + 4 * 3 + 1]
+    assert torch.equal(reference.dequantize_weight(*panels), reference.dequantize_weight(*rows))
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("mins", [True, False])
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
+def test_every_cpu_path_matches_reference(cpu_isa, m, n, k, mins, scale_dtype, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, mins=mins, scale_dtype=scale_dtype, bias=True)
+    got = ops.quantized_linear(x, *panels, b)
+    want = reference.quantized_linear(x, *panels, b)
+    assert got.shape == (m, n) and got.dtype == x.dtype
+    torch.testing.assert_close(got, want, **tolerance(x.dtype, want))
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES[::2])
+def test_bfloat16_activations(m, n, k, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, dtype=torch.bfloat16, bias=True)
+    got = ops.quantized_linear(x, *panels, b)
+    want = reference.quantized_linear(x, *panels, b)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16, want.float()))
+
+
+def test_every_cpu_path_gives_the_same_bits(gen):
+    """Exact integer sums, then the same fused float operations in the same order: the
+    portable, AVX2 and AVX-512 paths agree bit for bit (unlike the row layout's)."""
+    x, _, panels, b = panel_operands(11, 96, 608, gen, bias=True)
+    xh, _, half_panels, _ = panel_operands(3, 32, 96, gen, scale_dtype=torch.float16)
+    results = {}
+    try:
+        for isa in ("portable", "avx2", "avx512"):
+            if ops.cpu_isa(isa) == isa:
+                results[isa] = (ops.quantized_linear(x, *panels, b), ops.quantized_linear(xh, *half_panels))
+    finally:
+        ops.cpu_isa("none")
+    assert "portable" in results
+    for isa, (got, got_half) in results.items():
+        assert torch.equal(got, results["portable"][0]), isa
+        assert torch.equal(got_half, results["portable"][1]), isa
+
+
+ROWS = 41
+
+
+@pytest.mark.parametrize("k", [96, 1536])
+def test_batch_invariant(cpu_isa, k, gen):
+    """Each row is bit-identical alone, in any batch and at any position."""
+    x, _, panels, b = panel_operands(ROWS, 64, k, gen, bias=True)
+    alone = torch.cat([ops.quantized_linear(x[i : i + 1], *panels, b) for i in range(ROWS)])
+    for m in (2, 3, 4, 5, 8, 9, 16, 17, 33, ROWS):
+        for start in (0, ROWS - m, (ROWS - m) // 3):
+            assert torch.equal(ops.quantized_linear(x[start : start + m], *panels, b),
+                               alone[start : start + m]), (m, start)
+    perm = torch.randperm(ROWS, generator=gen)
+    assert torch.equal(ops.quantized_linear(x[perm], *panels, b), alone[perm])
+
+
+def test_batch_invariant_whatever_the_threads(gen):
+    x, _, panels, _ = panel_operands(9, 304, 256, gen)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = ops.quantized_linear(x, *panels)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(ops.quantized_linear(x, *panels), single)
+
+
+def test_leading_dims_and_empty(gen):
+    x, _, panels, _ = panel_operands(6, 32, 64, gen)
+    got = ops.quantized_linear(x.view(2, 3, 64), *panels)
+    assert got.shape == (2, 3, 32)
+    assert torch.equal(got.view(6, 32), ops.quantized_linear(x, *panels))
+    assert ops.quantized_linear(x[:0], *panels).shape == (0, 32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_input(device, gen):
+    x, _, (q, s, mn), _ = panel_operands(2, 32, 64, gen)
+    x, q, s, mn = (t.to(device) for t in (x, q, s, mn))
+    if device != "cpu":
+        with pytest.raises(ValueError, match="CPU-only"):
+            ops.quantized_linear(x, q, s, mn)
+        return
+    with pytest.raises(ValueError, match="panel layout"):
+        ops.quantized_linear(x, q.to(torch.int8), s, mn)
+    with pytest.raises(ValueError, match="panel layout"):
+        ops.quantized_linear(x, q[:, :, :128], s, mn)
+    with pytest.raises(ValueError, match="K / 32"):
+        ops.quantized_linear(x[:, :32], q, s, mn)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        ops.quantized_linear(x, q, s[:1], mn)
+    with pytest.raises(ValueError, match="scales must have shape"):
+        ops.quantized_linear(x, q, s.reshape(2, 32), mn)
+    with pytest.raises(ValueError, match="mins"):
+        ops.quantized_linear(x, q, s, mn[:, :, :8])
+    with pytest.raises(ValueError, match="mins"):
+        ops.quantized_linear(x, q, s, mn.half())
+    with pytest.raises(ValueError, match="float32 or float16"):
+        ops.quantized_linear(x, q, s.double(), None)
+    with pytest.raises(ValueError, match="bias"):
+        ops.quantized_linear(x, q, s, mn, torch.zeros(16))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        ops.quantized_linear(x.half(), q, s, mn)
+    with pytest.raises(ValueError, match="qweight"):
+        ops.quantized_linear(x, q.view(1, 2, 2, 256), s, mn)
+
+
+def test_opcheck(gen):
+    x, _, panels, b = panel_operands(3, 32, 96, gen, bias=True)
+    torch.library.opcheck(torch.ops.specdec.quantized_linear.default, (x, *panels, b))
+
+
+# ---------------------------------------------------------------------------- QuantizedWeight
+
+
+def test_what_fits_the_panels(gen):
+    """int4 of group 32 with N a multiple of 16 is packed; anything else is left as it is."""
+    assert pack_panels(quantize_weight(torch.randn(32, 64, generator=gen), 4, 32)).qweight.dim() == 3
+    for weight in (quantize_weight(torch.randn(24, 64, generator=gen), 4, 32),  # N
+                   quantize_weight(torch.randn(32, 128, generator=gen), 4, 64),  # group
+                   quantize_weight(torch.randn(32, 64, generator=gen), 8, 32)):  # int8
+        assert pack_panels(weight) is weight
+
+
+def test_panel_weight_in_a_module(gen):
+    linear = torch.nn.Linear(64, 48)
+    rows = quantize_weight(linear.weight, 4, 32)
+    quantize_model(linear, 4, 32)
+    qw = linear.weight
+    assert isinstance(qw, QuantizedWeight) and qw.qweight.dim() == 3
+    assert qw.shape == rows.shape and qw.group == 32 and qw.nbytes_resident == rows.nbytes_resident
+    assert torch.equal(qw.dequantize(), rows.dequantize())
+    x = torch.randn(3, 64, generator=gen)
+    with torch.no_grad():
+        assert torch.equal(linear(x), ops.quantized_linear(x, qw.qweight, qw.scales, qw.mins,
+                                                           linear.bias.detach()))
+    ids = torch.tensor([[1, 47], [17, 1]])
+    with torch.no_grad():
+        assert torch.equal(F.embedding(ids, qw), rows.dequantize()[ids])
+    assert qw.to("cpu") is qw and qw.to(torch.bfloat16).dtype == torch.bfloat16
+    assert resident_bytes(linear) == rows.nbytes_resident + 48 * 4
+
+
+def test_pack_model_panels_keeps_ties(gen):
+    first, second = torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(64, 32, bias=False)
+    shared = quantize_weight(torch.randn(32, 64, generator=gen), 4, 32)
+    set_weight(first, shared)
+    set_weight(second, shared)
+    holder = torch.nn.Sequential(first, second)
+    assert pack_model_panels(holder) == 1
+    assert first.weight is second.weight and first.weight.qweight.dim() == 3
+    assert pack_model_panels(holder) == 0  # already packed
+
+
+def test_panel_weights_laid_out_together_run_as_one(gen):
+    """Sibling linears in panels joined in one storage: one call gives every block's columns
+    bit for bit."""
+    linears = [torch.nn.Linear(64, n, bias=False) for n in (32, 16, 16)]
+    quantized = [pack_panels(quantize_weight(torch.randn(n, 64, generator=gen), 4, 32)) for n in (32, 16, 16)]
+    for layer, weight in zip(linears, quantized):
+        set_weight(layer, weight)
+    assert lay_out_together(linears)
+    joined = joined_rows([layer.weight for layer in linears])
+    assert joined.shape == (64, 64) and joined.qweight.shape == (4, 2, 256)
+    x = torch.randn(5, 64, generator=gen)
+    parts = ops.quantized_linear(x, joined.qweight, joined.scales, joined.mins).split([32, 16, 16], -1)
+    for part, weight in zip(parts, quantized):
+        assert torch.equal(part, weight.linear(x))
+    holder = torch.nn.Linear(64, 16, bias=False)
+    set_weight(holder, quantize_weight(torch.randn(16, 64, generator=gen), 4, 32))  # rows
+    assert not lay_out_together([linears[0], holder])  # another layout
+
+
+_VNNI_SCRIPT = r"""
+import sys, torch
+from specdec_kernels import ops
+from python_tests.test_quantized_panels import panel_operands
+gen = torch.Generator().manual_seed(5)
+x, _, panels, _ = panel_operands(6, 48, 320, gen)
+torch.save(ops.quantized_linear(x, *panels), sys.argv[1])
+"""
+
+
+def test_vnni_gives_the_bits_of_the_path_without(tmp_path):
+    """vpdpbusd and vpmaddubsw + vpmaddwd form the same exact sums: one process with
+    ``SPECDEC_CPU_VNNI=0`` gets the other's bits."""
+    results = []
+    for vnni in ("1", "0"):
+        path = tmp_path / f"vnni{vnni}.pt"
+        env = dict(os.environ, SPECDEC_CPU_VNNI=vnni)
+        env.pop("SPECDEC_CPU_ISA", None)
+        subprocess.run([sys.executable, "-c", _VNNI_SCRIPT, str(path)], env=env, check=True,
+                       timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        results.append(torch.load(path))
+    assert torch.equal(results[0], results[1])
