@@ -1,17 +1,20 @@
-// Panel tiles of quantized_linear (csrc/quantized_linear.cpp): int4 weights repacked so that
-// 16 weight rows lie along the vector lanes (llama.cpp's repacked GEMM formats do the same).
+// Panel tiles of quantized_linear (csrc/quantized_linear.cpp): int4 or int8 weights repacked
+// so that 16 weight rows lie along the vector lanes (llama.cpp's repacked GEMM formats do the
+// same).
 //
 // Why: the row layout (cpu_qdot.h) puts K along the lanes, so every output pays a float
 // conversion, a scale product and an FMA per 128 values and a horizontal reduction at the end.
 // Here one vpdpbusd advances 16 outputs by 4 values each (x enters as a broadcast 4-byte
 // group), the float work is once per (x row, 16 weight rows, block of 32) and there is no
 // reduction. On the 2-core Zen 5 (bench/kernel_ab/packed_int4.cpp, a step's int4 linears from
-// memory) it took 0.40-0.49x the row layout's time at M = 1..16.
+// memory) it took 0.43-0.58x the row layout's time at M = 1..16 on AVX-512.
 //
-// Layout (ops.quantized_linear, models/quantized_weight.py pack_panels):
-//   qweight [N / 16, K / 32, 256] uint8: for panel p and block b, byte 64 j + 4 r + i
+// Layout (ops.quantized_linear, models/quantized_weight.py pack_panels), group 32:
+//   int4: qweight [N / 16, K / 32, 256] uint8: for panel p and block b, byte 64 j + 4 r + i
 //     (j < 4, r < 16, i < 4) is byte 4 j + i of row 16 p + r's block b in the row layout
 //     (value 4 j + i in the low nibble, value 4 j + i + 16 in the high nibble, unsigned).
+//   int8: qweight [N / 16, K / 32, 512] int8: byte 64 j + 4 r + i (j < 8) is value 4 j + i of
+//     row 16 p + r's block b.
 //   scales, mins [N / 16, K / 32, 16] float32 or float16: entry r of (p, b) is row 16 p + r's.
 //
 // Arithmetic of one output, identical on every instruction set (the integer sums are exact and
@@ -37,16 +40,21 @@
 namespace specdec {
 namespace qpanel {
 
-constexpr int kPanelRows = 16;   // weight rows per panel
-constexpr int kBlock = 32;       // values per block (the group)
-constexpr int kBlockBytes = 256; // bytes of one (panel, block)
+constexpr int kPanelRows = 16;  // weight rows per panel
+constexpr int kBlock = 32;      // values per block (the group)
+// Bytes of one (panel, block): 16 rows x 32 values, two int4 values or one int8 per byte.
+constexpr int block_bytes(bool int4) { return int4 ? 256 : 512; }
+// Vectors of 16 lanes x 4 values per (panel, block): the operands of 8 dot products either way
+// (int4: 4 vectors of bytes give 4 low-nibble and 4 high-nibble operands).
+constexpr int kOperands = 8;
 
-// x rows quantized for the panel tiles: int8 in K order, per block a scale and the
-// dequantized sum.
+// x rows quantized for the panel tiles: int8 in K order, per block a scale, the dequantized
+// sum (the min term's factor) and the integer sum (int8 weights' offset, below).
 struct PanelRows {
   int64_t rows = 0, K = 0, blocks = 0;
   std::vector<int8_t> q;
   std::vector<float> scale, sum;
+  std::vector<int32_t> isum;
 };
 
 template <typename T>
@@ -58,6 +66,7 @@ PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
   out.q.assign(rows * K, 0);
   out.scale.assign(rows * out.blocks, 0.0f);
   out.sum.assign(rows * out.blocks, 0.0f);
+  out.isum.assign(rows * out.blocks, 0);
   float values[kBlock];
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t b = 0; b < out.blocks; ++b) {
@@ -79,8 +88,10 @@ PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
       amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
 #endif
       const float scale = amax / 127.0f;
-      out.scale[m * out.blocks + b] = scale;
-      out.sum[m * out.blocks + b] = static_cast<float>(half_sum[0] + half_sum[1]) * scale;
+      const int64_t e = m * out.blocks + b;
+      out.scale[e] = scale;
+      out.isum[e] = half_sum[0] + half_sum[1];
+      out.sum[e] = static_cast<float>(out.isum[e]) * scale;
     }
   }
   return out;
@@ -89,7 +100,7 @@ PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
 // The weights of one call.
 template <typename S>
 struct PanelWeights {
-  const uint8_t* q;  // [panels, blocks, 256]
+  const uint8_t* q;  // [panels, blocks, block_bytes]
   const S* scale;    // [panels, blocks, 16]
   const S* min;      // like scale, or nullptr
   int64_t blocks;
@@ -103,27 +114,37 @@ using PanelTileFn = void (*)(const PanelRows& x, int64_t m0, const PanelWeights<
 inline float to_float(float v) { return v; }
 inline float to_float(c10::Half v) { return static_cast<float>(v); }
 
+// Operand j of a block meets x values 4 j' .. 4 j' + 3 with j' = x_group(j): int4 operands are
+// the 4 vectors' low nibbles (values 4 j ..) then their high nibbles (values 16 + 4 j ..), which
+// is x's K order; int8 operands are the 8 vectors in order.
+// Weight value of row r for operand j, lane byte i, of one (panel, block).
+template <bool kInt4>
+inline int32_t panel_value(const uint8_t* v, int j, int r, int i) {
+  if constexpr (kInt4) {
+    const uint8_t byte = v[64 * (j % 4) + 4 * r + i];
+    return j < 4 ? (byte & 0x0F) : (byte >> 4);
+  } else {
+    return static_cast<int8_t>(v[64 * j + 4 * r + i]);
+  }
+}
+
 // ----------------------------------------------------------------------------- portable
 
-template <typename S, int MR>
+template <typename S, int MR, bool kInt4>
 void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
                          float* out, int64_t ldo) {
-  const uint8_t* wp = w.q + p * w.blocks * kBlockBytes;
+  const uint8_t* wp = w.q + p * w.blocks * block_bytes(kInt4);
   for (int mi = 0; mi < MR; ++mi) {
     const int64_t m = m0 + mi;
     const int8_t* xq = x.q.data() + m * x.K;
     for (int r = 0; r < kPanelRows; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < w.blocks; ++b) {
-        const uint8_t* v = wp + b * kBlockBytes;
+        const uint8_t* v = wp + b * block_bytes(kInt4);
         const int8_t* xb = xq + b * kBlock;
         int32_t isum = 0;
-        for (int j = 0; j < 4; ++j)
-          for (int i = 0; i < 4; ++i) {
-            const uint8_t byte = v[64 * j + 4 * r + i];
-            isum += static_cast<int32_t>(byte & 0x0F) * xb[4 * j + i];
-            isum += static_cast<int32_t>(byte >> 4) * xb[16 + 4 * j + i];
-          }
+        for (int j = 0; j < kOperands; ++j)
+          for (int i = 0; i < 4; ++i) isum += panel_value<kInt4>(v, j, r, i) * xb[4 * j + i];
         const int64_t e = (p * w.blocks + b) * kPanelRows + r;
         const float combined = to_float(w.scale[e]) * x.scale[m * x.blocks + b];
         acc = std::fma(static_cast<float>(isum), combined, acc);
@@ -135,6 +156,15 @@ void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& 
 }
 
 #if SPECDEC_X86
+// Each vector path holds a block's 8 weight operands in registers and, per x row, forms the
+// 8 dot products against broadcast 4-byte groups of x in two chains (the products' latency in
+// the shadow). The dot products take unsigned weights and signed x:
+//   int4: the nibbles, 0..15, as they are;
+//   int8 with VNNI: w + 128 (the sign bit flipped), and 128 * sum(x) taken off the integer sum
+//     after (exact: vpdpbusd does not saturate);
+//   int8 without VNNI: |w|, with x negated where w < 0 (vpmaddubsw's int16 pairs would
+//     saturate on w + 128; |w| <= 128 and |x| <= 127 keep them below 2^15).
+
 // ----------------------------------------------------------------------------- AVX-512
 
 SPECDEC_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -142,63 +172,88 @@ SPECDEC_TARGET_AVX512 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Integer sums of 16 lanes: sum over each lane's 4 bytes of w (unsigned) * x (signed).
-template <bool kVnni>
-SPECDEC_TARGET_AVX512VNNI inline __m512i dot16(__m512i acc, __m512i w, __m512i x) {
-  if constexpr (kVnni) {
-    return _mm512_dpbusd_epi32(acc, w, x);
-  } else {  // |w| <= 15, |x| <= 127: the int16 pairs never saturate
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
-  }
-}
+// A block's 8 operands (and, for int8 without VNNI, where the weights are negative).
+template <bool kInt4, bool kVnni>
+struct Operands512 {
+  __m512i w[kOperands];
+  __mmask64 negative[kOperands];
 
-template <typename S, int MR, bool kVnni>
+  SPECDEC_TARGET_AVX512VNNI inline void load(const uint8_t* v) {
+    if constexpr (kInt4) {
+      const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i raw = _mm512_loadu_si512(v + 64 * j);
+        w[j] = _mm512_and_si512(raw, low4);
+        w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int j = 0; j < kOperands; ++j) {
+        const __m512i raw = _mm512_loadu_si512(v + 64 * j);
+        if constexpr (kVnni) {
+          w[j] = _mm512_xor_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80)));
+        } else {
+          w[j] = _mm512_abs_epi8(raw);
+          negative[j] = _mm512_movepi8_mask(raw);
+        }
+      }
+    }
+  }
+
+  // The exact integer sums of 16 rows against x values q (8 groups of 4).
+  SPECDEC_TARGET_AVX512VNNI inline __m512i dot(const int32_t* q, int32_t x_sum) const {
+    __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+#pragma GCC unroll 8
+    for (int j = 0; j < kOperands; ++j) {
+      __m512i xv = _mm512_set1_epi32(q[j]);
+      if constexpr (kVnni) {
+        chain[j % 2] = _mm512_dpbusd_epi32(chain[j % 2], w[j], xv);
+      } else {
+        if constexpr (!kInt4) xv = _mm512_mask_sub_epi8(xv, negative[j], _mm512_setzero_si512(), xv);
+        chain[j % 2] = _mm512_add_epi32(
+            chain[j % 2], _mm512_madd_epi16(_mm512_maddubs_epi16(w[j], xv), _mm512_set1_epi16(1)));
+      }
+    }
+    __m512i sum = _mm512_add_epi32(chain[0], chain[1]);
+    if constexpr (!kInt4 && kVnni) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x_sum));
+    return sum;
+  }
+};
+
+template <typename S, int MR, bool kInt4, bool kVnni>
 SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
                                                  const PanelWeights<S>& w, int64_t p, float* out,
                                                  int64_t ldo) {
+  constexpr int kBytes = block_bytes(kInt4);
   const int64_t blocks = w.blocks;
-  const uint8_t* wp = w.q + p * blocks * kBlockBytes;
+  const uint8_t* wp = w.q + p * blocks * kBytes;
   const S* ws = w.scale + p * blocks * kPanelRows;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows : nullptr;
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[MR];
   const int32_t* xq[MR];
   const float* xs[MR];
   const float* xsum[MR];
+  const int32_t* xint[MR];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m) {
     acc[m] = _mm512_setzero_ps();
     xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
     xs[m] = x.scale.data() + (m0 + m) * x.blocks;
     xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
+    xint[m] = x.isum.data() + (m0 + m) * x.blocks;
   }
+  Operands512<kInt4, kVnni> operands;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* v = wp + b * kBlockBytes;
+    const uint8_t* v = wp + b * kBytes;
     // Four blocks ahead: the panel is one contiguous stream.
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) __builtin_prefetch(v + 4 * kBlockBytes + 64 * j, 0, 3);
-    __m512i lo[4], hi[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m512i raw = _mm512_loadu_si512(v + 64 * j);
-      lo[j] = _mm512_and_si512(raw, low4);
-      hi[j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    }
+#pragma GCC unroll 8
+    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + 4 * kBytes + 64 * j, 0, 3);
+    operands.load(v);
     const __m512 scale = load16(ws + b * kPanelRows);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      // x values 4j..4j+3 meet the low nibbles of vector j, 16+4j.. the high ones; two
-      // chains of sums keep the dot products' latency in the shadow.
-      const int32_t* q = xq[m] + b * 8;
-      __m512i even = dot16<kVnni>(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(q[0]));
-      __m512i odd = dot16<kVnni>(_mm512_setzero_si512(), lo[1], _mm512_set1_epi32(q[1]));
-      even = dot16<kVnni>(even, lo[2], _mm512_set1_epi32(q[2]));
-      odd = dot16<kVnni>(odd, lo[3], _mm512_set1_epi32(q[3]));
-      even = dot16<kVnni>(even, hi[0], _mm512_set1_epi32(q[4]));
-      odd = dot16<kVnni>(odd, hi[1], _mm512_set1_epi32(q[5]));
-      even = dot16<kVnni>(even, hi[2], _mm512_set1_epi32(q[6]));
-      odd = dot16<kVnni>(odd, hi[3], _mm512_set1_epi32(q[7]));
-      const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+      const __m512 isum = _mm512_cvtepi32_ps(operands.dot(xq[m] + b * 8, xint[m][b]));
       acc[m] = _mm512_fmadd_ps(isum, _mm512_mul_ps(scale, _mm512_set1_ps(xs[m][b])), acc[m]);
     }
     if (wm != nullptr) {
@@ -218,59 +273,85 @@ SPECDEC_TARGET_AVX2 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-template <bool kVnni>
-SPECDEC_TARGET_AVX2_VNNI inline __m256i dot8(__m256i acc, __m256i w, __m256i x) {
-  if constexpr (kVnni) {
-    return _mm256_dpbusd_avx_epi32(acc, w, x);
-  } else {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
-  }
-}
+// One half of a panel's block (rows 8 h .. 8 h + 7: bytes 32 h .. 32 h + 31 of each vector).
+template <bool kInt4, bool kVnni>
+struct Operands256 {
+  __m256i w[kOperands];
+  __m256i sign[kOperands];  // int8 without VNNI: the raw weights, for _mm256_sign_epi8
 
-// One half of a panel (rows 8 h .. 8 h + 7: bytes 32 h .. 32 h + 31 of each vector), 8 lanes.
-template <typename S, int MR, bool kVnni>
+  SPECDEC_TARGET_AVX2_VNNI inline void load(const uint8_t* v) {
+    if constexpr (kInt4) {
+      const __m256i low4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * j));
+        w[j] = _mm256_and_si256(raw, low4);
+        w[4 + j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      }
+    } else {
+#pragma GCC unroll 8
+      for (int j = 0; j < kOperands; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * j));
+        if constexpr (kVnni) {
+          w[j] = _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));
+        } else {
+          w[j] = _mm256_abs_epi8(raw);
+          sign[j] = raw;
+        }
+      }
+    }
+  }
+
+  SPECDEC_TARGET_AVX2_VNNI inline __m256i dot(const int32_t* q, int32_t x_sum) const {
+    __m256i chain[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+#pragma GCC unroll 8
+    for (int j = 0; j < kOperands; ++j) {
+      __m256i xv = _mm256_set1_epi32(q[j]);
+      if constexpr (kVnni) {
+        chain[j % 2] = _mm256_dpbusd_avx_epi32(chain[j % 2], w[j], xv);
+      } else {
+        if constexpr (!kInt4) xv = _mm256_sign_epi8(xv, sign[j]);
+        chain[j % 2] = _mm256_add_epi32(
+            chain[j % 2], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], xv), _mm256_set1_epi16(1)));
+      }
+    }
+    __m256i sum = _mm256_add_epi32(chain[0], chain[1]);
+    if constexpr (!kInt4 && kVnni) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * x_sum));
+    return sum;
+  }
+};
+
+template <typename S, int MR, bool kInt4, bool kVnni>
 SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w,
                                               int64_t p, int h, float* out, int64_t ldo) {
+  constexpr int kBytes = block_bytes(kInt4);
   const int64_t blocks = w.blocks;
-  const uint8_t* wp = w.q + p * blocks * kBlockBytes + 32 * h;
+  const uint8_t* wp = w.q + p * blocks * kBytes + 32 * h;
   const S* ws = w.scale + p * blocks * kPanelRows + 8 * h;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows + 8 * h : nullptr;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MR];
   const int32_t* xq[MR];
   const float* xs[MR];
   const float* xsum[MR];
+  const int32_t* xint[MR];
 #pragma GCC unroll 4
   for (int m = 0; m < MR; ++m) {
     acc[m] = _mm256_setzero_ps();
     xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
     xs[m] = x.scale.data() + (m0 + m) * x.blocks;
     xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
+    xint[m] = x.isum.data() + (m0 + m) * x.blocks;
   }
+  Operands256<kInt4, kVnni> operands;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* v = wp + b * kBlockBytes;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) __builtin_prefetch(v + 4 * kBlockBytes + 64 * j, 0, 3);
-    __m256i lo[4], hi[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64 * j));
-      lo[j] = _mm256_and_si256(raw, low4);
-      hi[j] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-    }
+    const uint8_t* v = wp + b * kBytes;
+#pragma GCC unroll 8
+    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + 4 * kBytes + 64 * j, 0, 3);
+    operands.load(v);
     const __m256 scale = load8(ws + b * kPanelRows);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
-      const int32_t* q = xq[m] + b * 8;
-      __m256i even = dot8<kVnni>(_mm256_setzero_si256(), lo[0], _mm256_set1_epi32(q[0]));
-      __m256i odd = dot8<kVnni>(_mm256_setzero_si256(), lo[1], _mm256_set1_epi32(q[1]));
-      even = dot8<kVnni>(even, lo[2], _mm256_set1_epi32(q[2]));
-      odd = dot8<kVnni>(odd, lo[3], _mm256_set1_epi32(q[3]));
-      even = dot8<kVnni>(even, hi[0], _mm256_set1_epi32(q[4]));
-      odd = dot8<kVnni>(odd, hi[1], _mm256_set1_epi32(q[5]));
-      even = dot8<kVnni>(even, hi[2], _mm256_set1_epi32(q[6]));
-      odd = dot8<kVnni>(odd, hi[3], _mm256_set1_epi32(q[7]));
-      const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(even, odd));
+      const __m256 isum = _mm256_cvtepi32_ps(operands.dot(xq[m] + b * 8, xint[m][b]));
       acc[m] = _mm256_fmadd_ps(isum, _mm256_mul_ps(scale, _mm256_set1_ps(xs[m][b])), acc[m]);
     }
     if (wm != nullptr) {
@@ -283,18 +364,18 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
   for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
 }
 
-template <typename S, int MR, bool kVnni>
+template <typename S, int MR, bool kInt4, bool kVnni>
 void panel_tile_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p, float* out,
                      int64_t ldo) {
-  panel_half_avx2<S, MR, kVnni>(x, m0, w, p, 0, out, ldo);
-  panel_half_avx2<S, MR, kVnni>(x, m0, w, p, 1, out, ldo);
+  panel_half_avx2<S, MR, kInt4, kVnni>(x, m0, w, p, 0, out, ldo);
+  panel_half_avx2<S, MR, kInt4, kVnni>(x, m0, w, p, 1, out, ldo);
 }
 #endif  // SPECDEC_X86
 
 // ----------------------------------------------------------------------------- tile tables
 
-// Rows per tile: AVX-512 holds 8 accumulators beside the 8 weight vectors (32 registers);
-// AVX2 holds 4 (16 registers).
+// Rows per tile: AVX-512 holds 8 accumulators beside the 8 weight operands (32 registers);
+// AVX2 and the portable code 4.
 constexpr int kMaxTileRows = 8;
 
 template <typename S>
@@ -311,46 +392,46 @@ PanelTiles<S> make_tiles(std::integer_sequence<int, MR...>) {
   return t;
 }
 
-template <typename S>
+template <typename S, bool kInt4>
 struct PortableP {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_portable<S, MR>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_portable<S, MR, kInt4>;
   };
 };
 
 #if SPECDEC_X86
-template <typename S, bool kVnni>
+template <typename S, bool kInt4, bool kVnni>
 struct Avx512P {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_avx512<S, MR, kVnni>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx512<S, MR, kInt4, kVnni>;
   };
 };
 
-template <typename S, bool kVnni>
+template <typename S, bool kInt4, bool kVnni>
 struct Avx2P {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_avx2<S, MR, kVnni>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx2<S, MR, kInt4, kVnni>;
   };
 };
 #endif
 
 // The tiles of the best instruction set allowed (all give the same bits).
-template <typename S>
+template <typename S, bool kInt4>
 const PanelTiles<S>& tiles_for(int level) {
   static const PanelTiles<S> portable =
-      make_tiles<S, PortableP<S>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, PortableP<S, kInt4>::template K>(std::make_integer_sequence<int, 4>{});
 #if SPECDEC_X86
   static const PanelTiles<S> avx2 =
-      make_tiles<S, Avx2P<S, false>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, Avx2P<S, kInt4, false>::template K>(std::make_integer_sequence<int, 4>{});
   static const PanelTiles<S> avx2_vnni =
-      make_tiles<S, Avx2P<S, true>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, Avx2P<S, kInt4, true>::template K>(std::make_integer_sequence<int, 4>{});
   static const PanelTiles<S> avx512 =
-      make_tiles<S, Avx512P<S, false>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+      make_tiles<S, Avx512P<S, kInt4, false>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
   static const PanelTiles<S> avx512_vnni =
-      make_tiles<S, Avx512P<S, true>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+      make_tiles<S, Avx512P<S, kInt4, true>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
   if (level >= simd::kAvx512) return qdot::has_avx512_vnni() ? avx512_vnni : avx512;
   if (level >= simd::kAvx2) return qdot::has_avx_vnni() ? avx2_vnni : avx2;
 #endif

@@ -54,10 +54,10 @@ void qlinear_rows(const QuantizedRows& x, const QuantizedWeights<S>& w, int64_t 
 
 template <typename S>
 void qlinear_panels(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w, int64_t panels,
-                    float* out, const qpanel::PanelTiles<S>& tiles) {
+                    int64_t panel_bytes, float* out, const qpanel::PanelTiles<S>& tiles) {
   const int64_t M = x.rows, N = panels * qpanel::kPanelRows;
   // Enough weight bytes per task to amortise the scheduling (~64 KB).
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, w.blocks * qpanel::kBlockBytes));
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, panel_bytes));
   // Row tiles as even as possible; the panel stays in cache while each passes over it.
   const int64_t row_tiles = (M + tiles.rows - 1) / tiles.rows;
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
@@ -74,19 +74,21 @@ void qlinear_panels(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
-// The panel layout (cpu_qpanel.h): int4, group 32, 16 weight rows per panel.
+// The panel layout (cpu_qpanel.h): int4 or int8, group 32, 16 weight rows per panel.
 at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qweight,
                                        const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                                        const std::optional<at::Tensor>& bias) {
   const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(qweight.scalar_type() == at::kByte && qweight.size(2) == qpanel::kBlockBytes,
-                    "quantized_linear: a 3-D qweight is the int4 panel layout, uint8 [N / 16, K / 32, 256]; got ",
-                    qweight.scalar_type(), " ", qweight.sizes());
+  const bool int4 = qweight.scalar_type() == at::kByte;
+  TORCH_CHECK_VALUE((int4 || qweight.scalar_type() == at::kChar) &&
+                        qweight.size(2) == qpanel::block_bytes(int4),
+                    "quantized_linear: a 3-D qweight is the panel layout, uint8 [N / 16, K / 32, 256] "
+                    "(int4) or int8 [N / 16, K / 32, 512]; got ", qweight.scalar_type(), " ", qweight.sizes());
   const int64_t K = x.size(-1);
   const int64_t panels = qweight.size(0), blocks = qweight.size(1);
   TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has shape ", x.sizes(),
                     " but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
-                    K / qpanel::kBlock, ", 256] with K a multiple of 32");
+                    K / qpanel::kBlock, ", ", qpanel::block_bytes(int4), "] with K a multiple of 32");
   TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
                         scales.size(2) == qpanel::kPanelRows,
                     "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
@@ -126,7 +128,8 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
     using S = decltype(scale_tag);
     const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),
                                     mn.defined() ? mn.const_data_ptr<S>() : nullptr, blocks};
-    qlinear_panels(xq, w, panels, out.mutable_data_ptr<float>(), qpanel::tiles_for<S>(level));
+    const auto& tiles = int4 ? qpanel::tiles_for<S, true>(level) : qpanel::tiles_for<S, false>(level);
+    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out.mutable_data_ptr<float>(), tiles);
   };
   if (scale_type == at::kFloat) {
     run(float{});
@@ -145,7 +148,7 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
   TORCH_CHECK_VALUE(dtype == at::kFloat || dtype == at::kBFloat16,
                     "quantized_linear: x must be float32 or bfloat16, got ", dtype);
   TORCH_CHECK_VALUE(qweight.dim() == 2 || qweight.dim() == 3, "quantized_linear: qweight must have shape [N, K] (int8), "
-                    "[N, K / 2] (uint8, packed int4) or [N / 16, K / 32, 256] (uint8, int4 panels), got ",
+                    "[N, K / 2] (uint8, packed int4) or [N / 16, K / 32, 256 or 512] (panels of int4 or int8), got ",
                     qweight.sizes());
   for (const at::Tensor* t : {&qweight, &scales}) {
     TORCH_CHECK_VALUE(t->device() == x.device(), "quantized_linear: x is on ", x.device(),

@@ -123,8 +123,9 @@ TORCH_LIBRARY(specdec, m) {
   // float32 or float16. x is quantized per row to int8 in blocks of 32 (scale amax / 127,
   // round half to even) and the products summed exactly in integers, then in float32: the
   // result is batch-invariant on CPU (see csrc/cpu_qdot.h). out [..., N] in x's dtype.
-  // CPU also takes int4 in panels of 16 weight rows (group 32): qweight [N / 16, K / 32, 256]
-  // uint8, scales and mins [N / 16, K / 32, 16] (layout and arithmetic in csrc/cpu_qpanel.h).
+  // CPU also takes panels of 16 weight rows (group 32): qweight [N / 16, K / 32, 256] uint8
+  // (int4) or [N / 16, K / 32, 512] int8, scales and mins [N / 16, K / 32, 16] (layout and
+  // arithmetic in csrc/cpu_qpanel.h).
   m.def(
       "quantized_linear(Tensor x, Tensor qweight, Tensor scales, Tensor? mins=None, "
       "Tensor? bias=None) -> Tensor");

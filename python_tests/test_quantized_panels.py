@@ -1,4 +1,4 @@
-"""quantized_linear's int4 panel layout (csrc/cpu_qpanel.h): the packing and its inverse, the
+"""quantized_linear's panel layout (int4 and int8) (csrc/cpu_qpanel.h): the packing and its inverse, the
 kernel against the reference on every CPU path, the same bits on every path and in any batch,
 bad input, opcheck; QuantizedWeight holding panels inside models."""
 
@@ -30,11 +30,14 @@ from specdec_kernels.models.quantized_weight import (
 SHAPES = [(1, 16, 32), (3, 48, 96), (5, 160, 576), (9, 32, 1536), (17, 16, 64), (2, 80, 352)]
 
 
-def panel_operands(m, n, k, gen, *, mins=True, scale_dtype=torch.float32, dtype=torch.float32,
-                   bias=False):
+def panel_operands(m, n, k, gen, *, bits=4, mins=True, scale_dtype=torch.float32,
+                   dtype=torch.float32, bias=False):
     """Random operands in the row layout and the same weight in panels."""
     x = torch.randn(m, k, generator=gen).to(dtype)
-    q = torch.randint(0, 256, (n, k // 2), generator=gen).to(torch.uint8)
+    if bits == 4:
+        q = torch.randint(0, 256, (n, k // 2), generator=gen).to(torch.uint8)
+    else:
+        q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
     scales = (torch.rand(n, k // 32, generator=gen) * 0.05).to(scale_dtype)
     mn = (torch.randn(n, k // 32, generator=gen) * 0.05).to(scale_dtype) if mins else None
     b = torch.randn(n, generator=gen).to(dtype) if bias else None
@@ -42,47 +45,56 @@ def panel_operands(m, n, k, gen, *, mins=True, scale_dtype=torch.float32, dtype=
     return x, (q, scales, mn), (packed.qweight, packed.scales, packed.mins), b
 
 
+BITS = pytest.mark.parametrize("bits", [4, 8])
+
+
+@BITS
 @pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (32, 1536)])
 @pytest.mark.parametrize("mins", [True, False])
-def test_pack_and_unpack_are_inverse(n, k, mins, gen):
+def test_pack_and_unpack_are_inverse(bits, n, k, mins, gen):
     """The panels hold the row layout's bytes, scales and mins, moved: byte 64 j + 4 r + i of
     (panel p, block b) is byte 4 j + i of row 16 p + r's block b."""
-    _, rows, panels, _ = panel_operands(1, n, k, gen, mins=mins)
-    assert panels[0].shape == (n // 16, k // 32, 256) and panels[1].shape == (n // 16, k // 32, 16)
+    _, rows, panels, _ = panel_operands(1, n, k, gen, bits=bits, mins=mins)
+    block_bytes = 256 if bits == 4 else 512
+    assert panels[0].shape == (n // 16, k // 32, block_bytes) and panels[1].shape == (n // 16, k // 32, 16)
     back = reference.unpack_panels(*panels)
     for got, want in zip(back, rows):
         assert (got is None and want is None) or torch.equal(got, want)
     q, packed = rows[0], panels[0]
     p, b = n // 16 - 1, k // 32 - 1  # the last panel and block: j = 3, r = 5, i = 1
-    assert packed[p, b, 64 * 3 + 4 * 5 + 1] == q[16 * p + 5, 16 * b + 4 * 3 + 1]
+    assert packed[p, b, 64 * 3 + 4 * 5 + 1] == q[16 * p + 5, block_bytes // 16 * b + 4 * 3 + 1]
     assert torch.equal(reference.dequantize_weight(*panels), reference.dequantize_weight(*rows))
 
 
+@BITS
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("mins", [True, False])
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
-def test_every_cpu_path_matches_reference(cpu_isa, m, n, k, mins, scale_dtype, gen):
-    x, _, panels, b = panel_operands(m, n, k, gen, mins=mins, scale_dtype=scale_dtype, bias=True)
+def test_every_cpu_path_matches_reference(cpu_isa, bits, m, n, k, mins, scale_dtype, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, mins=mins, scale_dtype=scale_dtype,
+                                     bias=True)
     got = ops.quantized_linear(x, *panels, b)
     want = reference.quantized_linear(x, *panels, b)
     assert got.shape == (m, n) and got.dtype == x.dtype
     torch.testing.assert_close(got, want, **tolerance(x.dtype, want))
 
 
+@BITS
 @pytest.mark.parametrize("m,n,k", SHAPES[::2])
-def test_bfloat16_activations(m, n, k, gen):
-    x, _, panels, b = panel_operands(m, n, k, gen, dtype=torch.bfloat16, bias=True)
+def test_bfloat16_activations(bits, m, n, k, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, dtype=torch.bfloat16, bias=True)
     got = ops.quantized_linear(x, *panels, b)
     want = reference.quantized_linear(x, *panels, b)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16, want.float()))
 
 
-def test_every_cpu_path_gives_the_same_bits(gen):
+@BITS
+def test_every_cpu_path_gives_the_same_bits(bits, gen):
     """Exact integer sums, then the same fused float operations in the same order: the
     portable, AVX2 and AVX-512 paths agree bit for bit (unlike the row layout's)."""
-    x, _, panels, b = panel_operands(11, 96, 608, gen, bias=True)
-    xh, _, half_panels, _ = panel_operands(3, 32, 96, gen, scale_dtype=torch.float16)
+    x, _, panels, b = panel_operands(11, 96, 608, gen, bits=bits, bias=True)
+    xh, _, half_panels, _ = panel_operands(3, 32, 96, gen, bits=bits, scale_dtype=torch.float16)
     results = {}
     try:
         for isa in ("portable", "avx2", "avx512"):
@@ -99,10 +111,11 @@ def test_every_cpu_path_gives_the_same_bits(gen):
 ROWS = 41
 
 
+@BITS
 @pytest.mark.parametrize("k", [96, 1536])
-def test_batch_invariant(cpu_isa, k, gen):
+def test_batch_invariant(cpu_isa, bits, k, gen):
     """Each row is bit-identical alone, in any batch and at any position."""
-    x, _, panels, b = panel_operands(ROWS, 64, k, gen, bias=True)
+    x, _, panels, b = panel_operands(ROWS, 64, k, gen, bits=bits, bias=True)
     alone = torch.cat([ops.quantized_linear(x[i : i + 1], *panels, b) for i in range(ROWS)])
     for m in (2, 3, 4, 5, 8, 9, 16, 17, 33, ROWS):
         for start in (0, ROWS - m, (ROWS - m) // 3):
@@ -143,6 +156,8 @@ def test_bad_input(device, gen):
         ops.quantized_linear(x, q.to(torch.int8), s, mn)
     with pytest.raises(ValueError, match="panel layout"):
         ops.quantized_linear(x, q[:, :, :128], s, mn)
+    with pytest.raises(ValueError, match="panel layout"):  # int8 panels are 512 bytes a block
+        ops.quantized_linear(x, q.view(torch.int8), s, mn)
     with pytest.raises(ValueError, match="K / 32"):
         ops.quantized_linear(x[:, :32], q, s, mn)
     with pytest.raises(ValueError, match="scales must have shape"):
@@ -163,8 +178,9 @@ def test_bad_input(device, gen):
         ops.quantized_linear(x, q.view(1, 2, 2, 256), s, mn)
 
 
-def test_opcheck(gen):
-    x, _, panels, b = panel_operands(3, 32, 96, gen, bias=True)
+@BITS
+def test_opcheck(bits, gen):
+    x, _, panels, b = panel_operands(3, 32, 96, gen, bits=bits, bias=True)
     torch.library.opcheck(torch.ops.specdec.quantized_linear.default, (x, *panels, b))
 
 
@@ -172,18 +188,20 @@ def test_opcheck(gen):
 
 
 def test_what_fits_the_panels(gen):
-    """int4 of group 32 with N a multiple of 16 is packed; anything else is left as it is."""
-    assert pack_panels(quantize_weight(torch.randn(32, 64, generator=gen), 4, 32)).qweight.dim() == 3
+    """Group 32 with N a multiple of 16 is packed; anything else is left as it is."""
+    for bits in (4, 8):
+        assert pack_panels(quantize_weight(torch.randn(32, 64, generator=gen), bits, 32)).qweight.dim() == 3
     for weight in (quantize_weight(torch.randn(24, 64, generator=gen), 4, 32),  # N
                    quantize_weight(torch.randn(32, 128, generator=gen), 4, 64),  # group
-                   quantize_weight(torch.randn(32, 64, generator=gen), 8, 32)):  # int8
+                   quantize_weight(torch.randn(32, 64, generator=gen), 8, 16)):  # group
         assert pack_panels(weight) is weight
 
 
-def test_panel_weight_in_a_module(gen):
+@BITS
+def test_panel_weight_in_a_module(bits, gen):
     linear = torch.nn.Linear(64, 48)
-    rows = quantize_weight(linear.weight, 4, 32)
-    quantize_model(linear, 4, 32)
+    rows = quantize_weight(linear.weight, bits, 32)
+    quantize_model(linear, bits, 32)
     qw = linear.weight
     assert isinstance(qw, QuantizedWeight) and qw.qweight.dim() == 3
     assert qw.shape == rows.shape and qw.group == 32 and qw.nbytes_resident == rows.nbytes_resident
@@ -234,8 +252,11 @@ import sys, torch
 from specdec_kernels import ops
 from python_tests.test_quantized_panels import panel_operands
 gen = torch.Generator().manual_seed(5)
-x, _, panels, _ = panel_operands(6, 48, 320, gen)
-torch.save(ops.quantized_linear(x, *panels), sys.argv[1])
+out = []
+for bits in (4, 8):
+    x, _, panels, _ = panel_operands(6, 48, 320, gen, bits=bits)
+    out.append(ops.quantized_linear(x, *panels))
+torch.save(out, sys.argv[1])
 """
 
 
@@ -250,4 +271,5 @@ def test_vnni_gives_the_bits_of_the_path_without(tmp_path):
         subprocess.run([sys.executable, "-c", _VNNI_SCRIPT, str(path)], env=env, check=True,
                        timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         results.append(torch.load(path))
-    assert torch.equal(results[0], results[1])
+    for with_vnni, without in zip(*results):
+        assert torch.equal(with_vnni, without)

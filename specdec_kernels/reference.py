@@ -577,15 +577,18 @@ def unpack_int4(packed: Tensor) -> Tensor:
 
 
 def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
-    """The int4 panel layout of :func:`specdec_kernels.ops.quantized_linear` back to the row
-    layout: ``qweight [N / 16, K / 32, 256]`` (byte ``64 j + 4 r + i`` of panel ``p``, block
-    ``b`` is byte ``4 j + i`` of row ``16 p + r``'s block ``b``) to ``[N, K / 2]``; scales and
-    mins ``[N / 16, K / 32, 16]`` to ``[N, K / 32]``. A pure permutation of bytes and values.
+    """The panel layout of :func:`specdec_kernels.ops.quantized_linear` back to the row layout:
+    ``qweight [N / 16, K / 32, 64 V]`` (``V`` = 4 vectors of int4 pairs, uint8, or 8 of int8;
+    byte ``64 j + 4 r + i`` of panel ``p``, block ``b`` is byte ``4 j + i`` of row
+    ``16 p + r``'s block ``b``) to ``[N, K / 2]`` uint8 or ``[N, K]`` int8; scales and mins
+    ``[N / 16, K / 32, 16]`` to ``[N, K / 32]``. A pure permutation of bytes and values.
 
     Returns ``(qweight, scales, mins)`` in the row layout.
     """
-    panels, blocks, _ = qweight.shape
-    rows = qweight.view(panels, blocks, 4, 16, 4).permute(0, 3, 1, 2, 4).reshape(panels * 16, blocks * 16)
+    panels, blocks, block_bytes = qweight.shape
+    vectors = block_bytes // 64
+    rows = qweight.view(panels, blocks, vectors, 16, 4).permute(0, 3, 1, 2, 4)
+    rows = rows.reshape(panels * 16, blocks * vectors * 4)
 
     def per_row(t):
         return None if t is None else t.permute(0, 2, 1).reshape(panels * 16, blocks)

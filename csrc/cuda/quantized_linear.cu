@@ -48,8 +48,8 @@ at::Tensor quantized_linear_cuda(const at::Tensor& x, const at::Tensor& qweight,
                                  const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                                  const std::optional<at::Tensor>& bias) {
   TORCH_CHECK_VALUE(x.dim() >= 1 && qweight.dim() == 2 && scales.dim() == 2,
-                    "quantized_linear: x [..., K], qweight [N, K'] and scales [N, G] expected (the int4 "
-                    "panel layout [N / 16, K / 32, 256] is CPU-only), got ",
+                    "quantized_linear: x [..., K], qweight [N, K'] and scales [N, G] expected (the panel "
+                    "layout [N / 16, K / 32, 256 or 512] is CPU-only), got ",
                     x.sizes(), ", ", qweight.sizes(), " and ", scales.sizes());
   const bool int4 = qweight.scalar_type() == at::kByte;
   TORCH_CHECK_VALUE(int4 || qweight.scalar_type() == at::kChar,

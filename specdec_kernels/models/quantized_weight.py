@@ -106,14 +106,16 @@ class QuantizedWeight(Tensor):
             from specdec_kernels.reference import unpack_panels
 
             return unpack_panels(self.qweight, self.scales, self.mins)
-        panels, blocks, _ = self.qweight.shape
+        panels, blocks, block_bytes = self.qweight.shape
+        vectors = block_bytes // 64
         panel, lane = rows // PANEL_ROWS, rows % PANEL_ROWS
-        qweight = self.qweight.view(panels, blocks, 4, PANEL_ROWS, 4)[panel, :, :, lane, :]
+        qweight = self.qweight.view(panels, blocks, vectors, PANEL_ROWS, 4)[panel, :, :, lane, :]
 
         def per_row(t):
             return None if t is None else t[panel, :, lane]
 
-        return qweight.reshape(rows.shape[0], blocks * 16), per_row(self.scales), per_row(self.mins)
+        return (qweight.reshape(rows.shape[0], blocks * vectors * 4), per_row(self.scales),
+                per_row(self.mins))
 
     def _with(self, **changes) -> "QuantizedWeight":
         parts = dict(qweight=self.qweight, scales=self.scales, mins=self.mins)
@@ -222,18 +224,20 @@ PANEL_ROWS, PANEL_GROUP = 16, 32
 
 
 def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
-    """``weight`` in the CPU kernel's panel layout where it fits (int4, group 32, ``N`` a
-    multiple of 16, on CPU), else ``weight`` itself. Values, scales and mins are only moved
-    (:func:`specdec_kernels.reference.unpack_panels` is the inverse): the kernel multiplies 16
-    weight rows per instruction there, 2-2.5x faster than the row layout at every batch size
-    on the Zen 5 of bench/RESULTS.md, with other rounding (the results are not the row
-    layout's bits, and are the same on every instruction set)."""
+    """``weight`` in the CPU kernel's panel layout where it fits (int4 or int8, group 32,
+    ``N`` a multiple of 16, on CPU), else ``weight`` itself. Values, scales and mins are only
+    moved (:func:`specdec_kernels.reference.unpack_panels` is the inverse): the kernel
+    multiplies 16 weight rows per instruction there, about 2x faster than the row layout at
+    every batch size on the AVX-512 path of the Zen 5 of bench/RESULTS.md, with other rounding
+    (the results are not the row layout's bits, and are the same on every instruction set)."""
     q = weight.qweight
-    if (q.dim() != 2 or q.dtype != torch.uint8 or weight.group != PANEL_GROUP
+    if (q.dim() != 2 or q.dtype not in (torch.uint8, torch.int8) or weight.group != PANEL_GROUP
             or weight.shape[0] % PANEL_ROWS or q.device.type != "cpu"):
         return weight
     panels, blocks = weight.shape[0] // PANEL_ROWS, weight.shape[1] // PANEL_GROUP
-    packed = q.reshape(panels, PANEL_ROWS, blocks, 4, 4).permute(0, 2, 3, 1, 4).reshape(panels, blocks, 256)
+    vectors = 4 if q.dtype == torch.uint8 else 8  # of 16 rows x 4 bytes per block
+    packed = q.reshape(panels, PANEL_ROWS, blocks, vectors, 4).permute(0, 2, 3, 1, 4)
+    packed = packed.reshape(panels, blocks, 64 * vectors)
 
     def per_panel(t):
         return None if t is None else t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()

@@ -41,13 +41,14 @@ def quantized_linear(
     qweight : Tensor
         ``[N, K]`` int8 (signed values), or ``[N, K / 2]`` uint8 packed int4: in each block of
         32 values, byte ``j`` holds value ``j`` in its low nibble and value ``j + 16`` in its
-        high nibble, both unsigned 0..15 (llama.cpp's ``Q4`` order). CPU only: int4 of group
-        32 in **panels** of 16 weight rows, ``[N / 16, K / 32, 256]`` uint8, byte
-        ``64 j + 4 r + i`` of panel ``p`` and block ``b`` being byte ``4 j + i`` of row
-        ``16 p + r``'s block ``b`` (:func:`specdec_kernels.models.quantized_weight.pack_panels`;
-        one integer dot-product instruction then advances 16 outputs: 2-2.5x faster at every
-        M; the sums run in another order, so the bits differ from the row layout's, and are
-        the same on every instruction set).
+        high nibble, both unsigned 0..15 (llama.cpp's ``Q4`` order). CPU only: group 32 in
+        **panels** of 16 weight rows, ``[N / 16, K / 32, 256]`` uint8 (int4) or
+        ``[N / 16, K / 32, 512]`` int8, byte ``64 j + 4 r + i`` of panel ``p`` and block ``b``
+        being byte ``4 j + i`` of row ``16 p + r``'s block ``b``
+        (:func:`specdec_kernels.models.quantized_weight.pack_panels`); one integer
+        dot-product instruction then advances 16 outputs, about 2x faster at every M on
+        AVX-512; the sums run in another order, so the bits differ from the row layout's,
+        and are the same on every instruction set.
     scales : Tensor
         ``[N, K / G]`` float32 or float16; the group ``G`` is a power of two, at least 16 for
         int8 and 32 for int4. Panels: ``[N / 16, K / 32, 16]``.
@@ -88,7 +89,7 @@ def quantized_linear(
 @torch.library.register_fake("specdec::quantized_linear")
 def _quantized_linear_fake(x, qweight, scales, mins=None, bias=None):
     torch._check(x.dim() >= 1 and qweight.dim() in (2, 3), lambda: "x [..., K] and qweight [N, K']")
-    if qweight.dim() == 3:  # int4 panels [N / 16, K / 32, 256]
+    if qweight.dim() == 3:  # panels [N / 16, K / 32, 256 or 512]
         torch._check(qweight.shape[1] * 32 == x.shape[-1], lambda: "x and qweight disagree on K")
         return x.new_empty((*x.shape[:-1], qweight.shape[0] * 16))
     packed = 2 if qweight.dtype == torch.uint8 else 1
