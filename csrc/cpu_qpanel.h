@@ -97,6 +97,21 @@ PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
   return out;
 }
 
+// One quantized x row's data as the vector tiles read it, block by block.
+struct RowData {
+  const int32_t* q;     // the int8 values, 8 groups of 4 a block
+  const float* scale;   // per block
+  const float* sum;     // per block
+  const int32_t* isum;  // per block
+
+  RowData() = default;
+  RowData(const PanelRows& x, int64_t m)
+      : q(reinterpret_cast<const int32_t*>(x.q.data() + m * x.K)),
+        scale(x.scale.data() + m * x.blocks),
+        sum(x.sum.data() + m * x.blocks),
+        isum(x.isum.data() + m * x.blocks) {}
+};
+
 // The weights of one call.
 template <typename S>
 struct PanelWeights {
@@ -164,6 +179,9 @@ void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& 
 //     after (exact: vpdpbusd does not saturate);
 //   int8 without VNNI: |w|, with x negated where w < 0 (vpmaddubsw's int16 pairs would
 //     saturate on w + 128; |w| <= 128 and |x| <= 127 keep them below 2^15).
+// Without VNNI, int4's 8 vpmaddubsw results are summed in int16 before the one vpmaddwd that
+// widens them: a pair is at most 2 * 15 * 127 = 3810, 8 of them 30480 < 2^15, so the sums stay
+// exact (and the bits those of VNNI) with 8 adds fewer per block and row.
 
 // ----------------------------------------------------------------------------- AVX-512
 
@@ -203,6 +221,15 @@ struct Operands512 {
 
   // The exact integer sums of 16 rows against x values q (8 groups of 4).
   SPECDEC_TARGET_AVX512VNNI inline __m512i dot(const int32_t* q, int32_t x_sum) const {
+    if constexpr (kInt4 && !kVnni) {
+      __m512i pairs[2];
+#pragma GCC unroll 8
+      for (int j = 0; j < kOperands; ++j) {
+        const __m512i p = _mm512_maddubs_epi16(w[j], _mm512_set1_epi32(q[j]));
+        pairs[j % 2] = j < 2 ? p : _mm512_add_epi16(pairs[j % 2], p);
+      }
+      return _mm512_madd_epi16(_mm512_add_epi16(pairs[0], pairs[1]), _mm512_set1_epi16(1));
+    }
     __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
     for (int j = 0; j < kOperands; ++j) {
@@ -231,18 +258,9 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
   const S* ws = w.scale + p * blocks * kPanelRows;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows : nullptr;
   __m512 acc[MR];
-  const int32_t* xq[MR];
-  const float* xs[MR];
-  const float* xsum[MR];
-  const int32_t* xint[MR];
+  RowData row[MR];
 #pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m) {
-    acc[m] = _mm512_setzero_ps();
-    xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
-    xs[m] = x.scale.data() + (m0 + m) * x.blocks;
-    xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
-    xint[m] = x.isum.data() + (m0 + m) * x.blocks;
-  }
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps(), row[m] = RowData(x, m0 + m);
   Operands512<kInt4, kVnni> operands;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* v = wp + b * kBytes;
@@ -253,13 +271,13 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
     const __m512 scale = load16(ws + b * kPanelRows);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
-      const __m512 isum = _mm512_cvtepi32_ps(operands.dot(xq[m] + b * 8, xint[m][b]));
-      acc[m] = _mm512_fmadd_ps(isum, _mm512_mul_ps(scale, _mm512_set1_ps(xs[m][b])), acc[m]);
+      const __m512 isum = _mm512_cvtepi32_ps(operands.dot(row[m].q + b * 8, row[m].isum[b]));
+      acc[m] = _mm512_fmadd_ps(isum, _mm512_mul_ps(scale, _mm512_set1_ps(row[m].scale[b])), acc[m]);
     }
     if (wm != nullptr) {
       const __m512 min = load16(wm + b * kPanelRows);
 #pragma GCC unroll 8
-      for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsum[m][b]), acc[m]);
+      for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(min, _mm512_set1_ps(row[m].sum[b]), acc[m]);
     }
   }
 #pragma GCC unroll 8
@@ -303,6 +321,15 @@ struct Operands256 {
   }
 
   SPECDEC_TARGET_AVX2_VNNI inline __m256i dot(const int32_t* q, int32_t x_sum) const {
+    if constexpr (kInt4 && !kVnni) {
+      __m256i pairs[2];
+#pragma GCC unroll 8
+      for (int j = 0; j < kOperands; ++j) {
+        const __m256i p = _mm256_maddubs_epi16(w[j], _mm256_set1_epi32(q[j]));
+        pairs[j % 2] = j < 2 ? p : _mm256_add_epi16(pairs[j % 2], p);
+      }
+      return _mm256_madd_epi16(_mm256_add_epi16(pairs[0], pairs[1]), _mm256_set1_epi16(1));
+    }
     __m256i chain[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 8
     for (int j = 0; j < kOperands; ++j) {
@@ -330,18 +357,9 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
   const S* ws = w.scale + p * blocks * kPanelRows + 8 * h;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows + 8 * h : nullptr;
   __m256 acc[MR];
-  const int32_t* xq[MR];
-  const float* xs[MR];
-  const float* xsum[MR];
-  const int32_t* xint[MR];
+  RowData row[MR];
 #pragma GCC unroll 4
-  for (int m = 0; m < MR; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    xq[m] = reinterpret_cast<const int32_t*>(x.q.data() + (m0 + m) * x.K);
-    xs[m] = x.scale.data() + (m0 + m) * x.blocks;
-    xsum[m] = x.sum.data() + (m0 + m) * x.blocks;
-    xint[m] = x.isum.data() + (m0 + m) * x.blocks;
-  }
+  for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps(), row[m] = RowData(x, m0 + m);
   Operands256<kInt4, kVnni> operands;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* v = wp + b * kBytes;
@@ -351,13 +369,13 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
     const __m256 scale = load8(ws + b * kPanelRows);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
-      const __m256 isum = _mm256_cvtepi32_ps(operands.dot(xq[m] + b * 8, xint[m][b]));
-      acc[m] = _mm256_fmadd_ps(isum, _mm256_mul_ps(scale, _mm256_set1_ps(xs[m][b])), acc[m]);
+      const __m256 isum = _mm256_cvtepi32_ps(operands.dot(row[m].q + b * 8, row[m].isum[b]));
+      acc[m] = _mm256_fmadd_ps(isum, _mm256_mul_ps(scale, _mm256_set1_ps(row[m].scale[b])), acc[m]);
     }
     if (wm != nullptr) {
       const __m256 min = load8(wm + b * kPanelRows);
 #pragma GCC unroll 4
-      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(min, _mm256_set1_ps(xsum[m][b]), acc[m]);
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(min, _mm256_set1_ps(row[m].sum[b]), acc[m]);
     }
   }
 #pragma GCC unroll 4

@@ -56,6 +56,25 @@ def default_model():
     return load_default_model(dtype=torch.float32, weights="float32")
 
 
+def cli_plain_greedy(prompt: str, max_new_tokens: int, *options) -> list:
+    """``specdec generate --drafter none`` (the engine's plain greedy loop on the model the
+    command line loads: the default model at its file's precision) for one prompt: the
+    reference of the command line's speculative output. (HF ``generate`` on the same weights
+    is not: its attention rounds otherwise, and the activations' int8 rounding turns that into
+    logit differences of ~0.5% that can flip a greedy token within a few.)"""
+    import contextlib
+    import io
+    import json
+
+    from specdec_kernels import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["generate", prompt, "--drafter", "none", "--max-new-tokens",
+                         str(max_new_tokens), "--json", *options]) == 0
+    return json.loads(out.getvalue())["tokens"][0]
+
+
 def tiny_config(family: str, vocab: int, layers: int, **overrides):
     """A small config of a model family; weights large enough to give peaked logits."""
     common = dict(

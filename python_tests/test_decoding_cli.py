@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specdec_kernels.models
-from python_tests.decoding_helpers import default_model, dev_prompts, hf_greedy
+from python_tests.decoding_helpers import cli_plain_greedy, default_model, dev_prompts, hf_greedy
 from specdec_kernels import cli, demo
 from specdec_kernels.decoding import runner
 from specdec_kernels.models import encode_prompts
@@ -30,10 +30,7 @@ def _run(*args):
 def test_generate_prints_json_with_the_greedy_output(capsys):
     loaded = default_model()
     prompt = dev_prompts()[0]
-    expected = hf_greedy(
-        loaded.model, encode_prompts(loaded.tokenizer, [prompt])[0], 8,
-        eos_token_id=loaded.model.generation_config.eos_token_id,
-    )
+    expected = cli_plain_greedy(prompt, 8)
     code = cli.main(
         ["generate", prompt, "--drafter", "prompt-lookup", "--max-nodes", "6",
          "--max-new-tokens", "8", "--json"]
@@ -58,12 +55,8 @@ def test_generate_prints_json_with_the_greedy_output(capsys):
     ],
 )
 def test_generate_lookahead_and_jacobi(capsys, drafter, options, settings):
-    loaded = default_model()
     prompt = dev_prompts()[1]
-    expected = hf_greedy(
-        loaded.model, encode_prompts(loaded.tokenizer, [prompt])[0], 10,
-        eos_token_id=loaded.model.generation_config.eos_token_id,
-    )
+    expected = cli_plain_greedy(prompt, 10)
     assert cli.main(["generate", prompt, "--drafter", drafter, *options,
                      "--max-new-tokens", "10", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

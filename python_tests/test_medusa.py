@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from python_tests.decoding_helpers import (
+    cli_plain_greedy,
     dev_prompts,
     hf_greedy,
     random_heads,
@@ -457,17 +458,15 @@ def test_a_request_does_not_depend_on_its_batch(target):
 # ---------------------------------------------------------------------------- command line
 
 
-def test_cli_generate_with_shipped_heads(capsys, loaded):
+@pytest.mark.default_model
+def test_cli_generate_with_shipped_heads(capsys):
     """The command line's wiring (blockwise goes through the same registry path; its greedy
     identity is test_greedy_matches_hf_generate_batch_1_and_4's)."""
     from specdec_kernels import cli
 
     drafter = "medusa"
     prompt = dev_prompts()[0]
-    expected = hf_greedy(
-        loaded.model, encode_prompts(loaded.tokenizer, [prompt])[0], 8,
-        eos_token_id=loaded.model.generation_config.eos_token_id,
-    )
+    expected = cli_plain_greedy(prompt, 8)  # the same engine's plain loop
     assert cli.main(["generate", prompt, "--drafter", drafter, "--max-new-tokens", "8",
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
