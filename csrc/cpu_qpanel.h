@@ -47,6 +47,8 @@ constexpr int block_bytes(bool int4) { return int4 ? 256 : 512; }
 // Vectors of 16 lanes x 4 values per (panel, block): the operands of 8 dot products either way
 // (int4: 4 vectors of bytes give 4 low-nibble and 4 high-nibble operands).
 constexpr int kOperands = 8;
+// Blocks fetched ahead: a panel is one contiguous stream (and the next panel follows it).
+constexpr int kPrefetchBlocks = 16;
 
 // x rows quantized for the panel tiles: int8 in K order, per block a scale, the dequantized
 // sum (the min term's factor) and the integer sum (int8 weights' offset, below).
@@ -264,9 +266,8 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
   Operands512<kInt4, kVnni> operands;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* v = wp + b * kBytes;
-    // Four blocks ahead: the panel is one contiguous stream.
 #pragma GCC unroll 8
-    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + 4 * kBytes + 64 * j, 0, 3);
+    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
     const __m512 scale = load16(ws + b * kPanelRows);
 #pragma GCC unroll 8
@@ -364,7 +365,7 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* v = wp + b * kBytes;
 #pragma GCC unroll 8
-    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + 4 * kBytes + 64 * j, 0, 3);
+    for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
     const __m256 scale = load8(ws + b * kPanelRows);
 #pragma GCC unroll 4
