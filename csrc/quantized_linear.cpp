@@ -74,11 +74,66 @@ void qlinear_panels(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// One call's operands, contiguous: x as M rows of K, the weight's parts.
+struct Operands {
+  int64_t M, K;
+  at::Tensor rows, q, s, mn;
+  int level;
+};
+
+// What both layouts share around their tiles: scales and mins of float32 or float16 (mins like
+// scales), a bias of N in x's dtype; the operands made contiguous; the float32 result plus the
+// bias, in x's dtype and leading shape. `tiles(scale_tag, operands, out)` fills out [M, N].
+template <typename Tiles>
+at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                       const std::optional<at::Tensor>& bias, const at::Tensor& qweight, int64_t N,
+                       Tiles&& tiles) {
+  const auto dtype = x.scalar_type();
+  const auto scale_type = scales.scalar_type();
+  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
+                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
+  if (mins.has_value()) {
+    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
+                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
+    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
+                      mins->scalar_type(), " but scales has ", scale_type);
+  }
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
+                      "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
+                      bias->scalar_type(), " but x has ", dtype);
+  }
+  const int64_t K = x.size(-1);
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  int64_t M = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
+  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
+
+  const Operands op{M, K, x.reshape({M, K}).contiguous(), qweight.contiguous(), scales.contiguous(),
+                    mins.has_value() ? mins->contiguous() : at::Tensor(), simd::max_level()};
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (scale_type == at::kFloat) {
+    tiles(float{}, op, out.mutable_data_ptr<float>());
+  } else {
+    tiles(c10::Half{}, op, out.mutable_data_ptr<float>());
+  }
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
+  return out.to(dtype).view(out_sizes);
+}
+
+// x's rows (float32 or bfloat16) quantized by `quantize(pointer)`.
+template <typename Quantize>
+auto quantized_rows(const Operands& op, Quantize&& quantize) {
+  return op.rows.scalar_type() == at::kFloat ? quantize(op.rows.const_data_ptr<float>())
+                                             : quantize(op.rows.const_data_ptr<c10::BFloat16>());
+}
+
 // The panel layout (cpu_qpanel.h): int4 or int8, group 32, 16 weight rows per panel.
 at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qweight,
                                        const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                                        const std::optional<at::Tensor>& bias) {
-  const auto dtype = x.scalar_type();
   const bool int4 = qweight.scalar_type() == at::kByte;
   TORCH_CHECK_VALUE((int4 || qweight.scalar_type() == at::kChar) &&
                         qweight.size(2) == qpanel::block_bytes(int4),
@@ -93,51 +148,16 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
                         scales.size(2) == qpanel::kPanelRows,
                     "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
                     " scales must have shape [", panels, ", ", blocks, ", 16], got ", scales.sizes());
-  const auto scale_type = scales.scalar_type();
-  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
-                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
-  if (mins.has_value()) {
-    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
-                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
-    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
-                      mins->scalar_type(), " but scales has ", scale_type);
-  }
-  const int64_t N = panels * qpanel::kPanelRows;
-  if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
-                      "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
-    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
-                      bias->scalar_type(), " but x has ", dtype);
-  }
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = N;
-  int64_t M = 1;
-  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
-  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
-
-  const at::Tensor rows = x.reshape({M, K}).contiguous();
-  const at::Tensor q = qweight.contiguous();
-  const at::Tensor s = scales.contiguous();
-  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
-  const int level = simd::max_level();
-  const qpanel::PanelRows xq =
-      dtype == at::kFloat ? qpanel::quantize_rows(rows.const_data_ptr<float>(), M, K, level)
-                          : qpanel::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, level);
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  auto run = [&](auto scale_tag) {
+  return linear_with(x, scales, mins, bias, qweight, panels * qpanel::kPanelRows,
+                     [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
-    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),
-                                    mn.defined() ? mn.const_data_ptr<S>() : nullptr, blocks};
-    const auto& tiles = int4 ? qpanel::tiles_for<S, true>(level) : qpanel::tiles_for<S, false>(level);
-    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out.mutable_data_ptr<float>(), tiles);
-  };
-  if (scale_type == at::kFloat) {
-    run(float{});
-  } else {
-    run(c10::Half{});
-  }
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
-  return out.to(dtype).view(out_sizes);
+    const qpanel::PanelRows xq =
+        quantized_rows(op, [&](auto rows) { return qpanel::quantize_rows(rows, op.M, op.K, op.level); });
+    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
+                                    op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, blocks};
+    const auto& tiles = int4 ? qpanel::tiles_for<S, true>(op.level) : qpanel::tiles_for<S, false>(op.level);
+    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out, tiles);
+  });
 }
 
 at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
@@ -171,9 +191,6 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
   TORCH_CHECK_VALUE(scales.dim() == 2 && scales.size(0) == N && scales.size(1) >= 1,
                     "quantized_linear: scales must have shape [N, K / group] with N = ", N, ", got ",
                     scales.sizes());
-  const auto scale_type = scales.scalar_type();
-  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
-                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
   const int64_t groups = scales.size(1);
   const int64_t group = K / groups;
   const int64_t min_group = int4 ? 32 : 16;
@@ -181,49 +198,15 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
                     "quantized_linear: scales has shape ", scales.sizes(), " for K = ", K,
                     ": the group K / scales.size(1) must be a power of two >= ", min_group,
                     " for ", int4 ? "int4" : "int8", " weights");
-  if (mins.has_value()) {
-    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
-                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
-    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
-                      mins->scalar_type(), " but scales has ", scale_type);
-  }
-  if (bias.has_value()) {
-    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
-                      "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
-    TORCH_CHECK_VALUE(bias->scalar_type() == dtype, "quantized_linear: bias has dtype ",
-                      bias->scalar_type(), " but x has ", dtype);
-  }
-
-  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = N;
-  int64_t M = 1;
-  for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
-  if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
-
-  const at::Tensor rows = x.reshape({M, K}).contiguous();
-  const at::Tensor q = qweight.contiguous();
-  const at::Tensor s = scales.contiguous();
-  const at::Tensor mn = mins.has_value() ? mins->contiguous() : at::Tensor();
-  const int level = simd::max_level();
-  const QuantizedRows xq =
-      dtype == at::kFloat
-          ? qdot::quantize_rows(rows.const_data_ptr<float>(), M, K, group, int4, level)
-          : qdot::quantize_rows(rows.const_data_ptr<c10::BFloat16>(), M, K, group, int4, level);
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  auto run = [&](auto scale_tag) {
+  return linear_with(x, scales, mins, bias, qweight, N, [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
-    const QuantizedWeights<S> w{static_cast<const uint8_t*>(q.const_data_ptr()), s.const_data_ptr<S>(),
-                                mn.defined() ? mn.const_data_ptr<S>() : nullptr, q.size(1), groups, group};
-    const auto& tiles = int4 ? qdot::qtiles_for<S, true>(level) : qdot::qtiles_for<S, false>(level);
-    qlinear_rows(xq, w, N, out.mutable_data_ptr<float>(), tiles);
-  };
-  if (scale_type == at::kFloat) {
-    run(float{});
-  } else {
-    run(c10::Half{});
-  }
-  if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
-  return out.to(dtype).view(out_sizes);
+    const QuantizedRows xq = quantized_rows(
+        op, [&](auto rows) { return qdot::quantize_rows(rows, op.M, op.K, group, int4, op.level); });
+    const QuantizedWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
+                                op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, op.q.size(1), groups, group};
+    const auto& tiles = int4 ? qdot::qtiles_for<S, true>(op.level) : qdot::qtiles_for<S, false>(op.level);
+    qlinear_rows(xq, w, N, out, tiles);
+  });
 }
 
 }  // namespace

@@ -95,6 +95,8 @@ def samples() -> list:
     out.append((ops.quantized_linear.default, (x, q, s, mins, None)))  # one row, fp16 scales
     x, _, panels, b = panel_operands(5, 48, 96, gen, bias=True)
     out.append((ops.quantized_linear.default, (x, *panels, b)))  # int4 panels
+    x, _, panels, _ = panel_operands(3, 32, 64, gen, bits=8, mins=False)
+    out.append((ops.quantized_linear.default, (x, *panels, None)))  # int8 panels
     x, norm = torch.randn(3, 40, generator=gen), torch.rand(40, generator=gen) + 0.5
     out.append((ops.small_batch_linear.default,
                 (x, torch.randn(7, 40, generator=gen), torch.randn(7, generator=gen))))
