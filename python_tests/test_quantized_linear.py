@@ -259,6 +259,24 @@ def test_weights_laid_out_together_run_as_one(bits, group, gen):
     assert not lay_out_together([linears[0], holder])  # another format
 
 
+def with_and_without_vnni(script: str, tmp_path) -> list:
+    """What ``script`` saves to the path it is given, run in two fresh processes from the
+    repository root: with the CPU's VNNI tiles and with ``SPECDEC_CPU_VNNI=0`` (no ISA cap)."""
+    import os
+    import subprocess
+    import sys
+
+    results = []
+    for vnni in ("1", "0"):
+        path = tmp_path / f"vnni{vnni}.pt"
+        env = dict(os.environ, SPECDEC_CPU_VNNI=vnni)
+        env.pop("SPECDEC_CPU_ISA", None)
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True,
+                       timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        results.append(torch.load(path))
+    return results
+
+
 _VNNI_SCRIPT = r"""
 import sys, torch
 from specdec_kernels import ops
@@ -285,19 +303,7 @@ def test_vnni_tiles_give_the_bits_of_the_tiles_without(tmp_path):
     (vpmaddubsw + vpmaddwd) form the same exact integer sums, so each ISA path gives the same
     bits whichever the CPU runs: two processes, one with ``SPECDEC_CPU_VNNI=0``. (On a CPU
     without VNNI both run the same tiles.)"""
-    import os
-    import subprocess
-    import sys
-
-    results = []
-    for vnni in ("1", "0"):
-        path = tmp_path / f"vnni{vnni}.pt"
-        env = dict(os.environ, SPECDEC_CPU_VNNI=vnni)
-        env.pop("SPECDEC_CPU_ISA", None)
-        subprocess.run([sys.executable, "-c", _VNNI_SCRIPT, str(path)], env=env, check=True,
-                       timeout=120)
-        results.append(torch.load(path))
-    with_vnni, without = results
+    with_vnni, without = with_and_without_vnni(_VNNI_SCRIPT, tmp_path)
     if not with_vnni:
         pytest.skip("this CPU has no AVX2")
     assert with_vnni.keys() == without.keys()

@@ -1,17 +1,13 @@
-"""quantized_linear's panel layout (int4 and int8) (csrc/cpu_qpanel.h): the packing and its inverse, the
-kernel against the reference on every CPU path, the same bits on every path and in any batch,
+"""quantized_linear's panel layout, int4 and int8 (csrc/cpu_qpanel.h): the packing and its
+inverse, the kernel against the reference on every CPU path, the same bits on every path and in any batch,
 bad input, opcheck; QuantizedWeight holding panels inside models."""
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from python_tests.conftest import DEVICES
-from python_tests.test_quantized_linear import tolerance
+from python_tests.test_quantized_linear import tolerance, with_and_without_vnni
 from specdec_kernels import ops, reference
 from specdec_kernels.models.quantized_weight import (
     QuantizedWeight,
@@ -263,13 +259,5 @@ torch.save(out, sys.argv[1])
 def test_vnni_gives_the_bits_of_the_path_without(tmp_path):
     """vpdpbusd and vpmaddubsw + vpmaddwd form the same exact sums: one process with
     ``SPECDEC_CPU_VNNI=0`` gets the other's bits."""
-    results = []
-    for vnni in ("1", "0"):
-        path = tmp_path / f"vnni{vnni}.pt"
-        env = dict(os.environ, SPECDEC_CPU_VNNI=vnni)
-        env.pop("SPECDEC_CPU_ISA", None)
-        subprocess.run([sys.executable, "-c", _VNNI_SCRIPT, str(path)], env=env, check=True,
-                       timeout=120, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        results.append(torch.load(path))
-    for with_vnni, without in zip(*results):
+    for with_vnni, without in zip(*with_and_without_vnni(_VNNI_SCRIPT, tmp_path)):
         assert torch.equal(with_vnni, without)
