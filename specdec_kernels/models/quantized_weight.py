@@ -35,8 +35,9 @@ class QuantizedWeight(Tensor):
     Parameters
     ----------
     qweight : Tensor
-        ``[N, K]`` int8 or ``[N, K / 2]`` uint8 (packed int4, see the op), or on CPU int4 in
-        panels of 16 rows, ``[N / 16, K / 32, 256]`` (:func:`pack_panels`).
+        ``[N, K]`` int8 or ``[N, K / 2]`` uint8 (packed int4, see the op), or on CPU in panels
+        of 16 rows, ``[N / 16, K / 32, 256]`` uint8 (int4) or ``[N / 16, K / 32, 512]`` int8
+        (:func:`pack_panels`).
     scales : Tensor
         ``[N, K / G]`` float32 or float16 (panels: ``[N / 16, K / 32, 16]``).
     mins : Tensor, optional
