@@ -59,43 +59,54 @@ struct PanelRows {
   std::vector<int32_t> isum;
 };
 
-template <typename T>
-PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
+// x's rows with room for their quantized blocks (filled by quantize_blocks).
+inline PanelRows empty_rows(int64_t rows, int64_t K) {
   PanelRows out;
   out.rows = rows;
   out.K = K;
   out.blocks = K / kBlock;
-  out.q.assign(rows * K, 0);
-  out.scale.assign(rows * out.blocks, 0.0f);
-  out.sum.assign(rows * out.blocks, 0.0f);
-  out.isum.assign(rows * out.blocks, 0);
+  out.q.resize(rows * K);
+  out.scale.resize(rows * out.blocks);
+  out.sum.resize(rows * out.blocks);
+  out.isum.resize(rows * out.blocks);
+  return out;
+}
+
+// Blocks [begin, end) of x (block e: row e / blocks, columns 32 (e % blocks) onward) quantized
+// into out. Each block on its own, so any split over threads gives the same bytes.
+template <typename T>
+void quantize_blocks(const T* x, PanelRows& out, int64_t begin, int64_t end, int level) {
   float values[kBlock];
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t b = 0; b < out.blocks; ++b) {
-      const T* src = x + m * K + b * kBlock;
-      for (int i = 0; i < kBlock; ++i) values[i] = static_cast<float>(src[i]);
-      int8_t* q = out.q.data() + m * K + b * kBlock;
-      int32_t half_sum[2];
-      float amax;
+  for (int64_t e = begin; e < end; ++e) {
+    const int64_t m = e / out.blocks, b = e % out.blocks;
+    const T* src = x + m * out.K + b * kBlock;
+    for (int i = 0; i < kBlock; ++i) values[i] = static_cast<float>(src[i]);
+    int8_t* q = out.q.data() + m * out.K + b * kBlock;
+    int32_t half_sum[2];
+    float amax;
 #if SPECDEC_X86
-      if (level >= simd::kAvx512) {
-        amax = qdot::quantize_block32_avx512(values, q, q + 16, half_sum);
-      } else if (level >= simd::kAvx2) {
-        amax = qdot::quantize_block32_avx2(values, q, q + 16, half_sum);
-      } else {
-        amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
-      }
-#else
-      (void)level;
+    if (level >= simd::kAvx512) {
+      amax = qdot::quantize_block32_avx512(values, q, q + 16, half_sum);
+    } else if (level >= simd::kAvx2) {
+      amax = qdot::quantize_block32_avx2(values, q, q + 16, half_sum);
+    } else {
       amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
-#endif
-      const float scale = amax / 127.0f;
-      const int64_t e = m * out.blocks + b;
-      out.scale[e] = scale;
-      out.isum[e] = half_sum[0] + half_sum[1];
-      out.sum[e] = static_cast<float>(out.isum[e]) * scale;
     }
+#else
+    (void)level;
+    amax = qdot::quantize_block32_portable(values, q, q + 16, half_sum);
+#endif
+    const float scale = amax / 127.0f;
+    out.scale[e] = scale;
+    out.isum[e] = half_sum[0] + half_sum[1];
+    out.sum[e] = static_cast<float>(out.isum[e]) * scale;
   }
+}
+
+template <typename T>
+PanelRows quantize_rows(const T* x, int64_t rows, int64_t K, int level) {
+  PanelRows out = empty_rows(rows, K);
+  quantize_blocks(x, out, 0, rows * out.blocks, level);
   return out;
 }
 
@@ -235,10 +246,13 @@ struct Operands512 {
     __m512i chain[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
 #pragma GCC unroll 8
     for (int j = 0; j < kOperands; ++j) {
-      __m512i xv = _mm512_set1_epi32(q[j]);
       if constexpr (kVnni) {
-        chain[j % 2] = _mm512_dpbusd_epi32(chain[j % 2], w[j], xv);
-      } else {
+        // x's 4 bytes as the instruction's broadcast memory operand: no separate broadcast.
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(chain[j % 2]) : "v"(w[j]), "m"(q[j]));
+        continue;
+      }
+      __m512i xv = _mm512_set1_epi32(q[j]);
+      {
         if constexpr (!kInt4) xv = _mm512_mask_sub_epi8(xv, negative[j], _mm512_setzero_si512(), xv);
         chain[j % 2] = _mm512_add_epi32(
             chain[j % 2], _mm512_madd_epi16(_mm512_maddubs_epi16(w[j], xv), _mm512_set1_epi16(1)));
