@@ -109,6 +109,49 @@ def test_a_replaced_weight_is_seen():
     assert not torch.equal(before, outs[0])
 
 
+def _replace(model, entry):
+    """Replaces one entry that the stacked op reads; returns the new tensor."""
+    layer = model.model.layers[1]
+    if entry == "norm":
+        module, name = layer.post_attention_layernorm, "weight"
+    elif entry == "final norm":
+        module, name = model.model.norm, "weight"
+    elif entry == "bias":
+        module, name = layer.self_attn.o_proj, "bias"
+    else:
+        module, name = layer.mlp.down_proj, "weight"
+    size = module.weight.shape[0]
+    new = torch.nn.Parameter(torch.full((size,), 0.5) if name == "bias" else module.weight * 1.5,
+                             requires_grad=False)
+    setattr(module, name, new)
+    return new
+
+
+@pytest.mark.parametrize("entry", ["norm", "final norm", "bias", "linear weight", "quantized weight"])
+def test_stack_arguments_are_rebuilt_when_an_entry_they_read_is_replaced(entry):
+    model = tiny_model("llama", vocab=61)
+    if entry == "quantized weight":
+        quantize_model(model, 8, 32)
+    direct = DirectForward(model)
+    takes = lambda *args: True  # noqa: E731
+    first = direct.stack_arguments(torch.float32, direct.num_layers, takes)
+    assert direct.stack_arguments(torch.float32, direct.num_layers, takes) is first  # cached
+    if entry == "quantized weight":
+        from specdec_kernels.models.quantized_weight import quantize_weight, set_weight
+
+        module = model.model.layers[1].mlp.down_proj
+        new = quantize_weight(module.weight.dequantize() * 1.5, 8, 32)
+        set_weight(module, new)
+        new = new.qweight
+    else:
+        new = _replace(model, entry)
+    again = direct.stack_arguments(torch.float32, direct.num_layers, takes)
+    assert again is not first
+    norms, linears = again[0], again[1]
+    # The new tensor itself (or a view of its storage: weights and biases enter detached).
+    assert any(t.data_ptr() == new.data_ptr() for t in list(norms) + [x for x in linears if x is not None])
+
+
 @torch.inference_mode()
 def test_a_sliding_window_that_cuts_rows_goes_to_the_models_forward():
     model = tiny_model("mistral", vocab=61, sliding_window=16)

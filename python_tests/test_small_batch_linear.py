@@ -56,7 +56,7 @@ ROWS = 300  # crosses the 128-row passes
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k", [5, 64, 577, 1536])
+@pytest.mark.parametrize("k", [5, 64, 577, 1100, 1536])
 def test_batch_invariant(cpu_isa, dtype, k, gen):
     """Each row is bit-identical alone, in any batch (2 .. 300 rows) and at any position."""
     n = 67

@@ -31,6 +31,8 @@ registered on the model's modules (:meth:`DirectForward.hooked`: they would not 
 
 from __future__ import annotations
 
+import operator
+from itertools import repeat
 from typing import Callable
 
 import torch
@@ -217,6 +219,10 @@ class _Layer:
         self.silu = type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU")
         self._stack_key, self._stack = None, None
 
+    def read_modules(self) -> tuple:
+        """The modules whose weights :meth:`stack_linears` and the norms read."""
+        return (self.input_norm, self.post_norm) + self.qkv.modules + (self.o,) + self.gate_up.modules + (self.down,)
+
     def gated(self, gate: Tensor, up: Tensor) -> Tensor:
         """``act(gate) * up``: :func:`specdec_kernels.ops.silu_mul` for SiLU (one op)."""
         if self.silu and gate.dtype == up.dtype:
@@ -290,18 +296,45 @@ class DirectForward:
             windows = [getattr(self.config, "sliding_window", None)] * self.num_layers
         windows = [w for w in windows if w]
         self._modules = list(model.modules())
+        # Every module's hook and weight dicts, read in one pass per forward (C-level maps: the
+        # Python loops they replace cost ~0.5 ms of a 4.4 ms step at file precision, with the
+        # interpreter's data evicted by the weight stream; bench/RESULTS.md 2026-11-27).
+        self._hook_dicts = [d for m in self._modules for d in (m._forward_hooks, m._forward_pre_hooks)]
+        read = [m for layer in self.layers for m in layer.read_modules()] + [decoder.norm]
+        self._parameter_dicts = [m._parameters for m in read]
+        self._buffer_dicts = [m._buffers for m in read]
+        self._stack_cache: dict = {}  # (dtype, layers, takes) -> (weights seen, arguments)
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
         #: Whether :meth:`stacked` may run the layers in one op (False: it declines, and the
         #: caller runs :meth:`__call__`'s Python loop; ``bench.direct_forward`` times both).
         self.one_op = True
 
+    def _weights_seen(self) -> list:
+        """The ``weight`` and ``bias`` entries (parameters and buffers) of every module
+        :meth:`stack_arguments` reads, as objects: one is replaced exactly when its entry is
+        another object."""
+        seen = list(map(dict.get, self._parameter_dicts, repeat("weight")))
+        seen += map(dict.get, self._buffer_dicts, repeat("weight"))
+        seen += map(dict.get, self._parameter_dicts, repeat("bias"))
+        return seen
+
     def stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
         """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
         :func:`~specdec_kernels.ops.decoder_stack_` with activations of ``dtype``, or None where
         the op would not reproduce this forward's loop (see :meth:`_Layer.stack_linears`; norm
         weights of another dtype, norms or attention scales that differ between layers).
-        Weights are read on every call (a replaced weight is seen)."""
+        Built again whenever a module's weight or bias was replaced since the last call."""
+        seen = self._weights_seen()
+        key = (dtype, layers, takes)
+        cached = self._stack_cache.get(key)
+        if cached is not None and all(map(operator.is_, seen, cached[0])):
+            return cached[1]
+        arguments = self._build_stack_arguments(dtype, layers, takes)
+        self._stack_cache[key] = (seen, arguments)
+        return arguments
+
+    def _build_stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
         chosen = self.layers[:layers]
         norm_modules = [chosen[0].input_norm if chosen else self.decoder.norm]
         for index, layer in enumerate(chosen):
@@ -404,7 +437,7 @@ class DirectForward:
 
         if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
             return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self._modules)
+        return any(map(len, self._hook_dicts))
 
     def covers(self, kv_len: int) -> bool:
         """Whether a forward attending to ``kv_len`` rows sees the same rows in every layer as
