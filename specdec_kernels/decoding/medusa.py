@@ -22,13 +22,17 @@ that maximises expected tokens per unit of step cost.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from importlib import resources
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from specdec_kernels import ops
+from specdec_kernels.decoding.cpu_matmul import kernel_linear
 from specdec_kernels.decoding.acceptance import LOSSLESS, Typical
 from specdec_kernels.decoding.budget import ChainBudgets, choose_tree
 from specdec_kernels.decoding.drafter import (
@@ -121,6 +125,7 @@ class _HeadsDrafter(Drafter):
         self.tree: Tree | None = None
         self._expected, self._cost_ms = 0.0, 0.0  # what a derived tree was chosen by
         self._lm_head = None
+        self._routing, self._projection = contextlib.nullcontext, F.linear  # until bound
         self._head_fraction = 0.0
 
     def rank_accuracy(self) -> list:
@@ -152,6 +157,12 @@ class _HeadsDrafter(Drafter):
         self.heads.check_target(hidden, runner.vocab_size)
         self.heads.to(device=runner.device, dtype=runner.dtype)
         _, _, self._lm_head = runner.decoder_parts()
+        # The heads' linears on the runner's kernels (on CPU the package's small-batch kernel:
+        # torch's GEMM packs the weight on every call of 2 to 32 rows, and its rows are not
+        # batch-invariant, so a batch would change a request's sampled drafts).
+        self._routing = runner.linears(self.heads)
+        self._projection = (functools.partial(kernel_linear, max_rows=None)
+                            if runner.device.type == "cpu" and runner.cpu_kernels else F.linear)
         self._head_fraction = self.head_cost_fraction(runner)
         tree = self._given_tree
         if tree is None:  # derived: no deeper than the heads guess (one accuracy row each)
@@ -187,7 +198,8 @@ class _HeadsDrafter(Drafter):
 
     def _logits(self, state: DecodeState) -> Tensor:
         """``[B, N, V']`` head logits from the features of each request's last accepted row."""
-        return self.heads(state.last_features(), self._lm_head)
+        with self._routing():
+            return self.heads(state.last_features(), self._lm_head, self._projection)
 
     def _top_ids(self, logits: Tensor, k: int) -> Tensor:
         """``[B, N, k]`` full-vocabulary ids of each head's top-k guesses."""

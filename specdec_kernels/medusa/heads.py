@@ -147,7 +147,8 @@ class MedusaHeads(nn.Module):
             outs.append(x)
         return torch.stack(outs, -2)
 
-    def forward(self, features: Tensor, lm_head: nn.Module | None = None) -> Tensor:
+    def forward(self, features: Tensor, lm_head: nn.Module | None = None,
+                linear=nn.functional.linear) -> Tensor:
         """Logits of every head.
 
         Parameters
@@ -156,6 +157,9 @@ class MedusaHeads(nn.Module):
             ``[..., H]`` final-norm hidden states of the target.
         lm_head : nn.Module, optional
             The target's LM head, for shared projections.
+        linear : callable, optional
+            ``linear(x, weight)`` for the shared projection (a drafter passes its runner's
+            kernels: :func:`~specdec_kernels.decoding.cpu_matmul.kernel_linear` on CPU).
 
         Returns
         -------
@@ -167,7 +171,7 @@ class MedusaHeads(nn.Module):
         if self.projections is None:
             if lm_head is None:
                 raise ValueError("heads that share the LM head need lm_head=...")
-            return nn.functional.linear(x.to(lm_head.weight.dtype), self._shared_rows(lm_head))
+            return linear(x.to(lm_head.weight.dtype), self._shared_rows(lm_head))
         return torch.stack([p(x[..., k, :]) for k, p in enumerate(self.projections)], -2)
 
     def _shared_rows(self, lm_head: nn.Module) -> Tensor:
