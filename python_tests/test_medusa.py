@@ -146,6 +146,29 @@ def test_zero_initialised_heads_start_as_the_lm_head():
     torch.testing.assert_close(out[:, 1], lm_head(x))
 
 
+def test_heads_on_the_package_kernels_are_batch_invariant():
+    """As MedusaDrafter runs them on CPU: resblocks routed to the small-batch kernel, the
+    shared draft-vocabulary projection through kernel_linear. A row's logits are the same bits
+    alone or in a batch (a batch must not change a request's sampled drafts)."""
+    import functools
+
+    from specdec_kernels.decoding.cpu_matmul import RoutedLinears, kernel_linear
+
+    heads = MedusaHeads(64, 301, 3, 2, draft_ids=torch.arange(0, 301, 3))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.1)
+    lm_head = torch.nn.Linear(64, 301, bias=False)
+    linear = functools.partial(kernel_linear, max_rows=None)
+    x = torch.randn(7, 64)
+    with RoutedLinears(heads)():
+        together = heads(x, lm_head, linear)
+        alone = torch.cat([heads(x[i : i + 1], lm_head, linear) for i in range(7)])
+    assert together.shape == (7, 3, 101)
+    assert torch.equal(together, alone)
+    torch.testing.assert_close(together, heads(x, lm_head), rtol=1e-4, atol=1e-4)
+
+
 def write_fasterdecoding(folder, heads_list, num_layers, fmt):
     """A checkpoint in FasterDecoding/Medusa's layout: the state dict of a ModuleList of
     Sequential(ResBlock(linear) x L, Linear(H, V, bias=False)), plus its config.json."""
