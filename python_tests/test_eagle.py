@@ -374,8 +374,32 @@ def test_bfloat16_draft_keeps_the_output_and_the_callers_network(tiny):
     assert drafter.draft.fc.weight.dtype == torch.bfloat16
     assert drafter.describe()["draft_dtype"] == "bfloat16"
     assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
-    with pytest.raises(ValueError, match="draft_dtype"):
+    with pytest.raises(ValueError, match="draft_dtype must be float32, bfloat16 or int8"):
         EagleDrafter(draft, draft_dtype="float16")
+
+
+def test_int8_draft_keeps_the_output_and_the_callers_network(tiny):
+    """An int8 draft (weights through quantized_linear, q/k/v and gate/up still one call
+    each) changes which tokens are drafted, never the output (greedy, ragged batch); it drafts
+    as the float32 network does on most steps; the caller's network is left as it was."""
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+    draft = random_draft(tiny)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    prompts = [PROMPT, [5, 2, 9]]
+    kwargs = dict(max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    drafter = EagleDrafter(draft, draft_dtype="int8", **kwargs)
+    out = generate(tiny, prompts, drafter=drafter, max_new_tokens=10, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=10, eos_token_id=[]).tokens
+    layer = drafter.draft.midlayer
+    for linear in (drafter.draft.fc, layer.self_attn.q_proj, layer.mlp.down_proj):
+        assert isinstance(linear.weight, QuantizedWeight)
+    assert drafter._layer.qkv._joined is not None  # laid out together: one call
+    assert drafter.describe()["draft_dtype"] == "int8"
+    assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
+    full = generate(tiny, prompts, drafter=EagleDrafter(draft, **kwargs), max_new_tokens=10,
+                    eos_token_id=[])
+    assert abs(out.stats.tau - full.stats.tau) < 0.5 * full.stats.tau
 
 
 def test_a_depth_is_expanded_only_when_it_pays_for_itself(tiny):

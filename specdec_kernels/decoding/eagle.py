@@ -47,6 +47,7 @@ from torch import Tensor
 from specdec_kernels import ops
 from specdec_kernels.decoding.budget import AcceptanceStats, TreeBudget
 from specdec_kernels.decoding.cpu_matmul import KernelWeight
+from specdec_kernels.models.quantized_weight import QuantizedWeight, joined_rows, quantize_model
 from specdec_kernels.decoding.drafter import DecodeState, Drafter, StepOutcome, TreeProposal
 from specdec_kernels.eagle.model import EagleDraftModel, load_eagle, rope_tables
 from specdec_kernels.decoding.runner import FeatureSpec
@@ -80,12 +81,20 @@ class _JoinedLinear:
 
     @staticmethod
     def _plain(linear) -> Tensor:
-        weight = linear._parameters["weight"]
+        weight = linear._parameters.get("weight")
+        if weight is None:  # int8 weights are buffers (QuantizedWeight)
+            return linear._buffers["weight"]
         return weight.dense if isinstance(weight, KernelWeight) else weight
 
     def __call__(self, x: Tensor) -> Tensor:
         """``[..., sum N]``: every member's output, side by side in member order."""
         weights = [self._plain(m) for m in self.linears]
+        if isinstance(weights[0], QuantizedWeight):  # laid out together by quantize_model
+            if self._key is None or any(a is not b for a, b in zip(self._key, weights)):
+                self._key, self._joined = tuple(weights), joined_rows(weights)
+            if self._joined is None:
+                return torch.cat([F.linear(x, w) for w in weights], -1)
+            return F.linear(x, self._joined)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
         if key != self._key:
             self._joined = KernelWeight.of(torch.cat([w.detach() for w in weights]))
@@ -198,7 +207,10 @@ class EagleDrafter(Drafter):
         The device's step-cost curve (default: this machine's, see
         :meth:`~specdec_kernels.decoding.runner.ModelRunner.step_cost`).
     draft_dtype : torch.dtype or str
-        The draft network's weights and activations (``"float32"`` or ``"bfloat16"``); the
+        The draft network's weights and activations (``"float32"`` or ``"bfloat16"``), or
+        ``"int8"``: float32 activations and int8 weights in groups of 32 through
+        :func:`~specdec_kernels.ops.quantized_linear` (a quarter of the bytes: on a CPU the
+        draft's weights then stay in the last-level cache while the target's stream by). The
         draft's choice of tokens, never the output, depends on it.
     """
 
@@ -221,11 +233,13 @@ class EagleDrafter(Drafter):
                             ("max_nodes", max_nodes)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        dtype = getattr(torch, draft_dtype, None) if isinstance(draft_dtype, str) else draft_dtype
+        self.int8 = draft_dtype == "int8"
+        dtype = torch.float32 if self.int8 else (
+            getattr(torch, draft_dtype, None) if isinstance(draft_dtype, str) else draft_dtype)
         if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"draft_dtype must be float32 or bfloat16, got {draft_dtype!r}")
+            raise ValueError(f"draft_dtype must be float32, bfloat16 or int8, got {draft_dtype!r}")
         self.dtype = dtype
-        if draft is not None and dtype != torch.float32:
+        if draft is not None and (dtype != torch.float32 or self.int8):
             draft = _own_copy(draft)  # the caller's network keeps its float32 weights
         self.draft = draft
         self.top_k, self.max_depth = int(branching), int(max_depth)
@@ -252,11 +266,15 @@ class EagleDrafter(Drafter):
         draft = self.draft
         draft.check_target(int(runner.config.hidden_size), runner.vocab_size, runner.num_layers)
         draft.to(device=runner.device, dtype=self.dtype).eval()
+        if self.int8:
+            quantize_model(draft, 8, 32)  # its own copy; linears already quantized are kept
         draft.bind_target(runner.model)
         self.budget = TreeBudget(runner.step_cost(self.cost_curve), max_nodes=self.max_nodes)
         # Weight-read share of one draft forward in a one-token target step (what a forward
         # costs where steps are memory bound, e.g. a GPU): the projection's draft cost.
         own = sum(p.numel() for p in draft.parameters() if p.dim() > 1)
+        # int8 weights (buffers): their bytes as a count of the target's float32 elements.
+        own += sum(b.nbytes_resident // 4 for b in draft.buffers() if isinstance(b, QuantizedWeight))
         embed = runner.model.get_input_embeddings().weight
         target = sum(p.numel() for p in runner.model.parameters())
         if runner.model.get_output_embeddings().weight is embed:
@@ -276,7 +294,8 @@ class EagleDrafter(Drafter):
 
     def describe(self) -> dict:
         out = {"name": self.name, "branching": self.top_k, "max_depth": self.max_depth,
-               "max_nodes": self.max_nodes, "draft_dtype": str(self.dtype).removeprefix("torch.")}
+               "max_nodes": self.max_nodes,
+               "draft_dtype": "int8" if self.int8 else str(self.dtype).removeprefix("torch.")}
         if self.draft is not None:
             c = self.draft.config
             out.update(draft_vocab=c.draft_vocab_size, capture_layers=list(c.capture_layers))
