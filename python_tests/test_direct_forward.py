@@ -112,6 +112,10 @@ def test_a_replaced_weight_is_seen():
 def _replace(model, entry):
     """Replaces one entry that the stacked op reads; returns the new tensor."""
     layer = model.model.layers[1]
+    if entry in ("norm data", "linear data"):  # the same object, new storage (as module.to)
+        module = layer.post_attention_layernorm if entry == "norm data" else layer.mlp.down_proj
+        module.weight.data = module.weight.data * 1.5
+        return module.weight
     if entry == "norm":
         module, name = layer.post_attention_layernorm, "weight"
     elif entry == "final norm":
@@ -127,7 +131,8 @@ def _replace(model, entry):
     return new
 
 
-@pytest.mark.parametrize("entry", ["norm", "final norm", "bias", "linear weight", "quantized weight"])
+@pytest.mark.parametrize("entry", ["norm", "final norm", "bias", "linear weight", "quantized weight",
+                                   "norm data", "linear data"])
 def test_stack_arguments_are_rebuilt_when_an_entry_they_read_is_replaced(entry):
     model = tiny_model("llama", vocab=61)
     if entry == "quantized weight":

@@ -204,8 +204,7 @@ class _Layer:
     """One decoder layer's modules, found once (their parameters are read on every call)."""
 
     __slots__ = ("input_norm", "post_norm", "qkv", "o", "gate_up", "down",
-                 "q_norm", "k_norm", "head_dim", "scaling", "act", "silu", "_stack_key",
-                 "_stack")
+                 "q_norm", "k_norm", "head_dim", "scaling", "act", "silu")
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
@@ -217,7 +216,6 @@ class _Layer:
         self.act = getattr(mlp.act_fn, "forward", mlp.act_fn)  # no hooks on an activation
         # transformers' SiLUActivation (ACT2FN["silu"]) or torch's SiLU.
         self.silu = type(mlp.act_fn).__name__ in ("SiLUActivation", "SiLU")
-        self._stack_key, self._stack = None, None
 
     def read_modules(self) -> tuple:
         """The modules whose weights :meth:`stack_linears` and the norms read."""
@@ -235,16 +233,10 @@ class _Layer:
         of ``dtype``, or None where the op would not run the layer as the Python loop does
         (Qwen3's per-head norms, an activation other than SiLU, a float weight the
         small-batch kernel does not take: ``takes(weight, bias, dtype)``, see
-        :meth:`DirectForward.stacked`). Rebuilt when a weight is replaced."""
+        :meth:`DirectForward.stacked`). Built from the weights as they are now (the caller,
+        :meth:`DirectForward.stack_arguments`, keeps the result until one is replaced)."""
         modules = self.qkv.modules + (self.o,) + self.gate_up.modules + (self.down,)
         parts = [_linear_parts(m) for m in modules]
-        key = (dtype, takes) + tuple(p for pair in parts for p in pair)
-        if self._stack_key is None or len(key) != len(self._stack_key) or any(
-                a is not b for a, b in zip(key, self._stack_key)):
-            self._stack_key, self._stack = key, self._build_stack(parts, dtype, takes)
-        return self._stack
-
-    def _build_stack(self, parts: list, dtype: torch.dtype, takes: Callable) -> list | None:
         if self.q_norm is not None or not self.silu:
             return None
         groups = [(self.qkv, parts[:3], 3), (None, parts[3:4], 1),
@@ -303,35 +295,38 @@ class DirectForward:
         read = [m for layer in self.layers for m in layer.read_modules()] + [decoder.norm]
         self._parameter_dicts = [m._parameters for m in read]
         self._buffer_dicts = [m._buffers for m in read]
-        self._stack_cache: dict = {}  # (dtype, layers, takes) -> (weights seen, arguments)
+        self._stack_cache: dict = {}  # (dtype, layers, takes) -> (weights, pointers, arguments)
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
         #: Whether :meth:`stacked` may run the layers in one op (False: it declines, and the
         #: caller runs :meth:`__call__`'s Python loop; ``bench.direct_forward`` times both).
         self.one_op = True
 
-    def _weights_seen(self) -> list:
+    def _weights_seen(self) -> tuple:
         """The ``weight`` and ``bias`` entries (parameters and buffers) of every module
-        :meth:`stack_arguments` reads, as objects: one is replaced exactly when its entry is
-        another object."""
+        :meth:`stack_arguments` reads, as objects (one replaced is another object), and the
+        float ones' data pointers (``param.data = ...``, as ``module.to`` does, keeps the
+        object)."""
         seen = list(map(dict.get, self._parameter_dicts, repeat("weight")))
-        seen += map(dict.get, self._buffer_dicts, repeat("weight"))
         seen += map(dict.get, self._parameter_dicts, repeat("bias"))
-        return seen
+        pointers = [t.data_ptr() for t in seen if t is not None]
+        seen += map(dict.get, self._buffer_dicts, repeat("weight"))
+        return seen, pointers
 
     def stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
         """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
         :func:`~specdec_kernels.ops.decoder_stack_` with activations of ``dtype``, or None where
         the op would not reproduce this forward's loop (see :meth:`_Layer.stack_linears`; norm
         weights of another dtype, norms or attention scales that differ between layers).
-        Built again whenever a module's weight or bias was replaced since the last call."""
-        seen = self._weights_seen()
+        Built again whenever a module's weight or bias was replaced (or its float data swapped)
+        since the last call."""
+        seen, pointers = self._weights_seen()
         key = (dtype, layers, takes)
         cached = self._stack_cache.get(key)
-        if cached is not None and all(map(operator.is_, seen, cached[0])):
-            return cached[1]
+        if cached is not None and cached[1] == pointers and all(map(operator.is_, seen, cached[0])):
+            return cached[2]
         arguments = self._build_stack_arguments(dtype, layers, takes)
-        self._stack_cache[key] = (seen, arguments)
+        self._stack_cache[key] = (seen, pointers, arguments)
         return arguments
 
     def _build_stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:

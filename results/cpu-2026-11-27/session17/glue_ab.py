@@ -4,6 +4,10 @@ arguments rebuilt, every module's hooks looked up in a Python loop) and as now (
 C-level maps, the arguments cached), alternating in one process; median ms over 10 x 50.
 
     PYTHONPATH=. python3 results/cpu-2026-11-27/session17/glue_ab.py [file|float32|int4]
+
+Valid at 7d21c33, where glue_ab.txt was measured: "before" calls _build_stack_arguments, which
+then still kept each layer's own cache of its entries (removed after: the arguments' cache
+replaced it), as the code before that commit did.
 """
 import statistics
 import sys
