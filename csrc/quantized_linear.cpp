@@ -160,7 +160,6 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
       at::parallel_for(0, op.M * blocks, kQuantizeGrain, [&](int64_t begin, int64_t end) {
         qpanel::quantize_blocks(rows, xq, begin, end, op.level);
       });
-      return 0;
     });
     const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
                                     op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, blocks};

@@ -23,7 +23,6 @@ that maximises expected tokens per unit of step cost.
 from __future__ import annotations
 
 import contextlib
-import functools
 from importlib import resources
 from pathlib import Path
 
@@ -161,8 +160,7 @@ class _HeadsDrafter(Drafter):
         # torch's GEMM packs the weight on every call of 2 to 32 rows, and its rows are not
         # batch-invariant, so a batch would change a request's sampled drafts).
         self._routing = runner.linears(self.heads)
-        self._projection = (functools.partial(kernel_linear, max_rows=None)
-                            if runner.device.type == "cpu" and runner.cpu_kernels else F.linear)
+        self._projection = kernel_linear if runner.device.type == "cpu" and runner.cpu_kernels else F.linear
         self._head_fraction = self.head_cost_fraction(runner)
         tree = self._given_tree
         if tree is None:  # derived: no deeper than the heads guess (one accuracy row each)
