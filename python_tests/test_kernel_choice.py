@@ -12,7 +12,7 @@ import torch
 from python_tests.decoding_helpers import tiny_model
 from specdec_kernels import ops
 from specdec_kernels.bench import machine
-from specdec_kernels.decoding import kernel_choice, machine_cache
+from specdec_kernels.decoding import cpu_matmul, kernel_choice, machine_cache
 from specdec_kernels.decoding.kernel_choice import KernelChoice, choose, decide
 from specdec_kernels.decoding.runner import ModelRunner
 
@@ -85,9 +85,9 @@ def test_choose_measures_once_and_says_why(cache_dir, monkeypatch):
     calls = []
     real = kernel_choice.measure_linears
 
-    def counted(weights, repeats=3):
+    def counted(weights, repeats=3, prefill_weights=None):
         calls.append(len(weights))
-        return real(weights, repeats=1)
+        return real(weights, repeats=1, prefill_weights=prefill_weights)
 
     monkeypatch.setattr(kernel_choice, "measure_linears", counted)
     first = choose(model)
@@ -121,13 +121,13 @@ def test_quantized_linears_are_not_measured(cache_dir, monkeypatch):
     dense = len(kernel_choice.linear_weights(model))
     quantize_model(model, 8, 32)
     assert 0 < dense and kernel_choice.linear_weights(model) == []
-    monkeypatch.setattr(kernel_choice, "measure_linears", lambda weights: pytest.fail("measured"))
+    monkeypatch.setattr(kernel_choice, "measure_linears", lambda *a, **k: pytest.fail("measured"))
     assert choose(model).package
 
 
 def test_measured_slower_package_defaults_to_torch(cache_dir, monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_KERNELS", "auto")
-    monkeypatch.setattr(kernel_choice, "measure_linears", lambda weights: times(
+    monkeypatch.setattr(kernel_choice, "measure_linears", lambda weights, **kwargs: times(
         {1: (20.0, 10.0), 8: (40.0, 20.0)}, {32: (1.0, 2.0)}))
     model = tiny_model("llama", layers=1)
     runner = ModelRunner(model)
@@ -153,6 +153,14 @@ def test_prefill_linears_go_to_gemm_verification_never(cache_dir, monkeypatch):
         return real(x, *args)
 
     monkeypatch.setattr(ops, "small_batch_linear", package_linear)
+    gemm_rows_seen = []
+    real_gemm = cpu_matmul.gemm_linear
+
+    def gemm(x, *args):
+        gemm_rows_seen.append(x.numel() // x.shape[-1])
+        return real_gemm(x, *args)
+
+    monkeypatch.setattr(cpu_matmul, "gemm_linear", gemm)
     prompt = list(range(1, 10))
     block = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
@@ -168,7 +176,8 @@ def test_prefill_linears_go_to_gemm_verification_never(cache_dir, monkeypatch):
             step_cache.extend([1])
             assert torch.equal(one, verified[j]), j
     runner.release()
-    assert 9 not in prefill_rows  # the prompt's 9-row linears went to torch
+    assert 9 not in prefill_rows  # the prompt's 9-row linears went to torch's GEMM
+    assert gemm_rows_seen and set(gemm_rows_seen) == {9}
     assert prefill_rows  # (the last-position LM head, one row, stayed on the kernel)
     assert verify_rows and set(verify_rows) == {9}
 
@@ -183,3 +192,54 @@ def test_cap_isa_restarts_with_torch_capped():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.split() == ["avx2", "AVX2"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape, n, bias", [((37, 19), 7, True), ((2, 131, 64), 45, False),
+                                            ((1, 5, 576), 1, True), ((3, 8), 33, False)])
+def test_gemm_linear_is_a_linear(dtype, shape, n, bias):
+    """torch's GEMM for prefill rows (oneDNN's where torch has it) computes ``F.linear``."""
+    gen = torch.Generator().manual_seed(sum(shape) + n)
+    x = torch.randn(*shape, generator=gen).to(dtype)
+    w = torch.randn(n, shape[-1], generator=gen).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype) if bias else None
+    out = cpu_matmul.gemm_linear(x, w, b)
+    ref = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    assert out.shape == ref.shape and out.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol * shape[-1] ** 0.5)
+
+
+def test_gemm_linear_leaves_gradients_and_other_dtypes_to_f_linear(monkeypatch):
+    """oneDNN's op is for inference: with a gradient wanted, or a dtype or device it does not
+    take, ``F.linear`` runs (and the gradient flows)."""
+    called = []
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(cpu_matmul.F, "linear", lambda *a: called.append(a[0].dtype) or real(*a))
+    x = torch.randn(6, 5, requires_grad=True)
+    w = torch.randn(4, 5)
+    cpu_matmul.gemm_linear(x, w).sum().backward()
+    assert x.grad is not None and called == [torch.float32]
+    cpu_matmul.gemm_linear(torch.randn(6, 5).half(), w.half())
+    assert called[-1] == torch.float16
+    with torch.no_grad():
+        cpu_matmul.gemm_linear(x, w)
+    assert len(called) == 2 or cpu_matmul.GEMM_LIBRARY == "torch"
+
+
+def test_the_lm_head_is_not_timed_at_prefill_rows(cache_dir, monkeypatch):
+    """A prefill forward runs the LM head on its last row only: the prefill check times the
+    layers' weights, the decoding check all of them."""
+    seen = {}
+
+    def measure(weights, **kwargs):
+        seen["decode"] = {tuple(w.shape) for w in weights}
+        seen["prefill"] = {tuple(w.shape) for w in kwargs["prefill_weights"]}
+        return times({1: (1.0, 2.0), 8: (1.0, 2.0)}, {32: (1.0, 2.0)})
+
+    monkeypatch.setattr(kernel_choice, "measure_linears", measure)
+    model = tiny_model("llama", layers=1, vocab=97)
+    choose(model, True)
+    head = tuple(model.get_output_embeddings().weight.shape)
+    assert head in seen["decode"] and head not in seen["prefill"]
+    assert seen["prefill"] == seen["decode"] - {head}

@@ -5,9 +5,10 @@ attention) make every decoding and verification forward batch-invariant, so spec
 output equals the package's own autoregressive output bit for bit, and they make verifying
 ``K`` tokens cost about one. They are tuned for AVX2 and AVX-512; where they are not (the
 portable code: ARM, x86 without AVX2), torch's kernels can be faster, and then the default is
-torch's. Prompts are different: batch invariance does not matter there, and from some hundred
-rows on torch's GEMM (oneDNN / MKL) can beat the package's kernel, so prefill linears of at
-least :attr:`KernelChoice.prefill_gemm_rows` rows go to torch.
+torch's. Prompts are different: batch invariance does not matter there, and from some dozen rows on
+torch's GEMM (oneDNN's, :func:`~specdec_kernels.decoding.cpu_matmul.gemm_linear`) can beat the
+package's kernel, so prefill linears of at least :attr:`KernelChoice.prefill_gemm_rows` rows go
+to torch.
 
 Both are decided by :func:`measure_linears`, a quick check (well under a second for the default
 model) of the model's own weight shapes along both paths, run once per machine, thread count
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from specdec_kernels import ops
 from specdec_kernels.decoding import machine_cache
+from specdec_kernels.decoding.cpu_matmul import GEMM_LIBRARY, gemm_linear
 from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = ["KernelChoice", "choose", "decide", "linear_weights", "measure_linears"]
@@ -111,12 +113,12 @@ def _pass_ms(linear, weights: list, inputs: dict) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _time_paths(weights: list, rows: int, repeats: int) -> dict:
-    """Best-of-``repeats`` ms of one pass over ``weights`` at ``rows`` rows, per path
-    (alternating, so drift hits both alike)."""
+def _time_paths(weights: list, rows: int, repeats: int, torch_linear=F.linear) -> dict:
+    """Best-of-``repeats`` ms of one pass over ``weights`` at ``rows`` rows, per path: the
+    package's kernel and ``torch_linear`` (alternating, so drift hits both alike)."""
     dtype = weights[0].dtype
     inputs = {k: torch.randn(rows, k).to(dtype) for k in {w.shape[1] for w in weights}}
-    paths = {"package": ops.small_batch_linear, "torch": F.linear}
+    paths = {"package": ops.small_batch_linear, "torch": torch_linear}
     best = {name: float("inf") for name in paths}
     with torch.inference_mode():
         for _ in range(repeats + 1):  # the first round warms up
@@ -125,13 +127,14 @@ def _time_paths(weights: list, rows: int, repeats: int) -> dict:
     return {name: round(ms, 4) for name, ms in best.items()}
 
 
-def measure_linears(weights: list, repeats: int = 3) -> dict:
+def measure_linears(weights: list, repeats: int = 3, prefill_weights: list | None = None) -> dict:
     """Time the package's and torch's linears on ``weights`` (a model's, in module order).
 
     Decoding rows (:data:`DECODE_ROWS`): one pass over the first :data:`DECODE_PASS_BYTES` of
     weights, as a decoding step streams them. Prefill rows (:data:`PREFILL_ROWS`): one weight
-    per distinct shape (at most :data:`PREFILL_WEIGHT_ROWS` rows of it), each weighted by how
-    many weights share its shape.
+    of ``prefill_weights`` (default ``weights``) per distinct shape (at most
+    :data:`PREFILL_WEIGHT_ROWS` rows of it), each weighted by how many weights share its shape,
+    the package's kernel against torch's GEMM (:func:`~specdec_kernels.decoding.cpu_matmul.gemm_linear`).
 
     Returns
     -------
@@ -148,9 +151,10 @@ def measure_linears(weights: list, repeats: int = 3) -> dict:
         streamed.append(w)
         total += w.numel() * w.element_size()
     counts: dict = {}
-    for w in weights:
+    prefill_weights = weights if prefill_weights is None else prefill_weights
+    for w in prefill_weights:
         counts[tuple(w.shape)] = counts.get(tuple(w.shape), 0) + 1
-    shapes = {tuple(w.shape): w[:PREFILL_WEIGHT_ROWS] for w in weights}
+    shapes = {tuple(w.shape): w[:PREFILL_WEIGHT_ROWS] for w in prefill_weights}
     out = {"decode": {}, "prefill": {}}
     for rows in DECODE_ROWS:
         out["decode"][str(rows)] = _time_paths(streamed, rows, repeats)
@@ -158,7 +162,7 @@ def measure_linears(weights: list, repeats: int = 3) -> dict:
         weighted = {"package": 0.0, "torch": 0.0}
         for shape, w in shapes.items():
             scale = counts[shape] * shape[0] / w.shape[0]
-            for name, ms in _time_paths([w], rows, max(1, repeats - 1)).items():
+            for name, ms in _time_paths([w], rows, max(1, repeats - 1), gemm_linear).items():
                 weighted[name] += scale * ms
         out["prefill"][str(rows)] = {k: round(v, 4) for k, v in weighted.items()}
     return out
@@ -180,12 +184,24 @@ def decide(measured: dict) -> tuple:
     return package, gemm_rows
 
 
+def _prefill_weights(model, weights: list) -> list:
+    """``weights`` but the LM head's: a prefill forward needs the last row's logits only."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_weight = getattr(head, "weight", None)
+    if not isinstance(head_weight, torch.Tensor):
+        return weights
+    kept = [w for w in weights if w.data_ptr() != head_weight.data_ptr()]
+    return kept or weights
+
+
 def _shape_key(weights: list) -> dict:
     counts: dict = {}
     for w in weights:
         key = "x".join(map(str, w.shape))
         counts[key] = counts.get(key, 0) + 1
-    return {"dtype": str(weights[0].dtype).removeprefix("torch."), "shapes": counts}
+    # Measurements of another prefill GEMM (F.linear, before oneDNN's) are not reused.
+    return {"dtype": str(weights[0].dtype).removeprefix("torch."), "shapes": counts,
+            "prefill_gemm": GEMM_LIBRARY}
 
 
 def choose(model, requested: bool | None = None) -> KernelChoice:
@@ -216,7 +232,9 @@ def choose(model, requested: bool | None = None) -> KernelChoice:
     weights = linear_weights(model)
     if not weights:
         return KernelChoice(True, None, "no float32/bfloat16 linears to measure", isa)
-    times = machine_cache.measured("linear_paths", _shape_key(weights), lambda: measure_linears(weights))
+    prefill = _prefill_weights(model, weights)
+    times = machine_cache.measured("linear_paths", _shape_key(weights),
+                                   lambda: measure_linears(weights, prefill_weights=prefill))
     package, gemm_rows = decide(times)
     decode = {rows: round(t["torch"] / t["package"], 2) for rows, t in times["decode"].items()}
     measured = f"measured on {isa}: torch / package time at decoding rows {decode}"
