@@ -341,6 +341,30 @@ def test_quantized_copy_leaves_the_target_alone(tiny):
         QuantizedSelfDrafter(bits=3)
     with pytest.raises(ValueError, match="group"):
         QuantizedSelfDrafter(bits=4, group=16)
+    with pytest.raises(ValueError, match="head_bits must be 4 or 8, got 6"):
+        QuantizedSelfDrafter(head_bits=6)
+
+
+@pytest.mark.parametrize("head_bits", [4, 8])
+def test_quantized_copy_holds_its_lm_head_at_head_bits(tiny, head_bits):
+    """The layers at 4 bits, the LM head at ``head_bits``; a tied embedding stays the
+    target's own float table; the int8 head is the closer to the float one."""
+    from specdec_kernels.decoding.quantized import quantized_copy
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+    q = quantized_copy(tiny, bits=4, group=32, head_bits=head_bits)
+    head = q.get_output_embeddings().weight
+    assert isinstance(head, QuantizedWeight) and head.kind == f"int{head_bits}/g32"
+    layers = [m.weight for m in q.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert layers and all(w.kind == "int4/g32" for w in layers)
+    embedding = q.get_input_embeddings().weight
+    assert not isinstance(embedding, QuantizedWeight)
+    assert embedding.data_ptr() == tiny.get_input_embeddings().weight.data_ptr()
+    dense = tiny.get_output_embeddings().weight.detach()
+    error = (head.dequantize().float() - dense).norm()
+    other = quantized_copy(tiny, bits=4, group=32, head_bits=12 - head_bits)
+    other_error = (other.get_output_embeddings().weight.dequantize().float() - dense).norm()
+    assert (error < other_error) == (head_bits == 8)
 
 
 # ---------------------------------------------------------------------------- default model

@@ -400,6 +400,7 @@ class RetrievalOptions:
 class QuantizedSelfOptions(ChainOptions):
     num_draft: int = _num_draft(3)
     bits: int = choice(4, "weight bits", (4, 8))
+    head_bits: int = choice(8, "the LM head's weight bits", (4, 8))
     group: int = integer(32, "values per scale along K")
     gguf: str | None = text(None, "draft with this GGUF file's own weights")
 
