@@ -1,7 +1,8 @@
 """Draft cost of the quantized-self prophet against the fp32 target on this machine: the
 latency of one decoding forward (one token after a prefix already in the cache) of the default
 model as the engine runs it (fp32, the package's CPU kernels) and of its int4 and int8 copies
-(``QuantizedSelfDrafter``'s draft models, ``quantized_linear``), interleaved, median over
+(``QuantizedSelfDrafter``'s draft models, ``quantized_linear``; ``int4-copy`` with an int4 LM
+head, ``int4-copy-head8`` with the drafter's default int8 head), interleaved, median over
 repeats.
 
     python3 -m bench.quantized_cost --prefix 256 --repeats 30 --out cost.json
@@ -45,10 +46,12 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     int4 = quantized_copy(target, bits=4, group=32)
     quantize_seconds = time.perf_counter() - start
+    int4_head8 = quantized_copy(target, bits=4, group=32, head_bits=8)
     int8 = quantized_copy(target, bits=8, group=32)
     file_precision = load_model(weights="file").model
     runners = {"fp32-target": ModelRunner(target), "int4-copy": ModelRunner(int4),
-               "int8-copy": ModelRunner(int8), "gguf-file": ModelRunner(file_precision)}
+               "int4-copy-head8": ModelRunner(int4_head8), "int8-copy": ModelRunner(int8),
+               "gguf-file": ModelRunner(file_precision)}
     times: dict = {name: [] for name in runners}
     with torch.inference_mode():
         for name, runner in runners.items():  # warm up
