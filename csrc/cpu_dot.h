@@ -28,7 +28,7 @@ using TileFn = void (*)(const void* x, int64_t ldx, const void* w, int64_t ldw, 
 // Bounds of the tile tables: MR x rows against NR weight rows, MR * NR vector accumulators in
 // registers. Each instruction set picks its shapes within them (TileTable), for its register
 // file: one-row calls use wider weight tiles so enough independent FMAs are in flight.
-constexpr int kMaxRowTile = 4;
+constexpr int kMaxRowTile = 6;
 constexpr int kMaxWeightTile = 4;
 constexpr int kMaxSingleRowTile = 8;
 
@@ -367,9 +367,9 @@ const TileTable& tiles_for(int level) {
   static const TileTable portable = make_table<PortableTile<T>::template Make, 4, 4, 8>();
 #if SPECDEC_X86
   static const TileTable avx2 = make_table<Avx2Tile<T>::template Make, 4, 3, 8>(true);
-  static const TileTable avx512 = make_table<Avx512Tile<T>::template Make, 4, 4, 8>();
+  static const TileTable avx512 = make_table<Avx512Tile<T>::template Make, 6, 4, 8>();
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    static const TileTable bf16dp = make_table<Avx512Bf16DotTile, 4, 4, 8>();
+    static const TileTable bf16dp = make_table<Avx512Bf16DotTile, 6, 4, 8>();
     if (level >= simd::kAvx512Bf16) return bf16dp;
   }
   if (level >= simd::kAvx512) return avx512;

@@ -62,7 +62,7 @@ def test_batch_invariant(cpu_isa, dtype, k, gen):
     n = 67
     x, w, b = operands(ROWS, n, k, dtype, "cpu", gen)
     alone = torch.stack([ops.small_batch_linear(x[i : i + 1], w, b)[0] for i in range(ROWS)])
-    for m in (2, 3, 4, 5, 7, 8, 16, 31, 32, 129, ROWS):
+    for m in (2, 3, 4, 5, 6, 7, 8, 12, 16, 31, 32, 129, ROWS):
         for start in (0, ROWS - m, (ROWS - m) // 3):
             out = ops.small_batch_linear(x[start : start + m], w, b)
             assert torch.equal(out, alone[start : start + m]), (m, start)
