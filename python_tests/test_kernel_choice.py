@@ -138,6 +138,14 @@ def test_measured_slower_package_defaults_to_torch(cache_dir, monkeypatch):
     assert out.stats.kernels["path"] == "torch" and "torch kernels" in out.stats.summary()
 
 
+def rows_counted(linear, seen: list):
+    """``linear`` that appends the rows of each call's ``x`` to ``seen``."""
+    def counted(x, *args):
+        seen.append(x.numel() // x.shape[-1])
+        return linear(x, *args)
+    return counted
+
+
 def test_prefill_linears_go_to_gemm_verification_never(cache_dir, monkeypatch):
     """With a GEMM threshold of 4 rows, a prefill forward of 9 tokens leaves its linears to
     torch, while a 9-row verification block stays on the batch-invariant kernel (its rows equal
@@ -145,22 +153,9 @@ def test_prefill_linears_go_to_gemm_verification_never(cache_dir, monkeypatch):
     model = tiny_model("qwen2", layers=2)
     runner = ModelRunner(model, cpu_kernels=True)
     runner._kernels = KernelChoice(True, 4, "test", ops.cpu_isa())
-    rows_seen = []
-    real = ops.small_batch_linear
-
-    def package_linear(x, *args):
-        rows_seen.append(x.numel() // x.shape[-1])
-        return real(x, *args)
-
-    monkeypatch.setattr(ops, "small_batch_linear", package_linear)
-    gemm_rows_seen = []
-    real_gemm = cpu_matmul.gemm_linear
-
-    def gemm(x, *args):
-        gemm_rows_seen.append(x.numel() // x.shape[-1])
-        return real_gemm(x, *args)
-
-    monkeypatch.setattr(cpu_matmul, "gemm_linear", gemm)
+    rows_seen, gemm_rows_seen = [], []
+    monkeypatch.setattr(ops, "small_batch_linear", rows_counted(ops.small_batch_linear, rows_seen))
+    monkeypatch.setattr(cpu_matmul, "gemm_linear", rows_counted(cpu_matmul.gemm_linear, gemm_rows_seen))
     prompt = list(range(1, 10))
     block = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
