@@ -5,10 +5,10 @@ attention) make every decoding and verification forward batch-invariant, so spec
 output equals the package's own autoregressive output bit for bit, and they make verifying
 ``K`` tokens cost about one. They are tuned for AVX2 and AVX-512; where they are not (the
 portable code: ARM, x86 without AVX2), torch's kernels can be faster, and then the default is
-torch's. Prompts are different: batch invariance does not matter there, and from some dozen rows on
-torch's GEMM (oneDNN's, :func:`~specdec_kernels.decoding.cpu_matmul.gemm_linear`) can beat the
-package's kernel, so prefill linears of at least :attr:`KernelChoice.prefill_gemm_rows` rows go
-to torch.
+torch's. Prompts are different: batch invariance does not matter there, and from some hundred
+rows on torch's GEMM (oneDNN's, :func:`~specdec_kernels.decoding.cpu_matmul.gemm_linear`) can
+beat the package's kernel (from 512 rows on the 2-core Zen 5 of 2026-11-28), so prefill linears
+of at least :attr:`KernelChoice.prefill_gemm_rows` rows go to torch.
 
 Both are decided by :func:`measure_linears`, a quick check (well under a second for the default
 model) of the model's own weight shapes along both paths, run once per machine, thread count
