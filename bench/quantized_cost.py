@@ -2,8 +2,9 @@
 latency of one decoding forward (one token after a prefix already in the cache) of the default
 model as the engine runs it (fp32, the package's CPU kernels) and of its int4 and int8 copies
 (``QuantizedSelfDrafter``'s draft models, ``quantized_linear``; ``int4-copy`` with an int4 LM
-head, ``int4-copy-head8`` with the drafter's default int8 head), interleaved, median over
-repeats.
+head, ``int4-copy-head8`` with the drafter's default int8 head; the copies' K/V in bfloat16 as
+the drafter keeps them, ``narrow_kv``, and ``int4-copy-head8-f32kv`` in float32),
+interleaved, median over repeats.
 
     python3 -m bench.quantized_cost --prefix 256 --repeats 30 --out cost.json
 """
@@ -18,9 +19,10 @@ import time
 import torch
 
 
-def one_token_ms(runner, prefix: int, repeats: int, width: int = 1) -> list:
-    """Latencies (ms) of forwards of ``width`` tokens after ``prefix`` cached rows."""
-    cache = runner.new_cache(1, prefix + width + 1)
+def one_token_ms(runner, prefix: int, repeats: int, width: int = 1, kv_dtype=None) -> list:
+    """Latencies (ms) of forwards of ``width`` tokens after ``prefix`` cached rows (K/V in
+    ``kv_dtype``, default the model's)."""
+    cache = runner.new_cache(1, prefix + width + 1, kv_dtype)
     runner.prefill(cache, [[(i * 7919) % 1000 + 10 for i in range(prefix)]])
     tokens = torch.tensor([[11] * width])
     out = []
@@ -49,16 +51,20 @@ def main(argv=None) -> dict:
     int4_head8 = quantized_copy(target, bits=4, group=32, head_bits=8)
     int8 = quantized_copy(target, bits=8, group=32)
     file_precision = load_model(weights="file").model
-    runners = {"fp32-target": ModelRunner(target), "int4-copy": ModelRunner(int4),
-               "int4-copy-head8": ModelRunner(int4_head8), "int8-copy": ModelRunner(int8),
-               "gguf-file": ModelRunner(file_precision)}
+    narrow = ModelRunner(int4).narrow_kv_dtype()
+    head8 = ModelRunner(int4_head8)
+    runners = {"fp32-target": (ModelRunner(target), None),
+               "int4-copy": (ModelRunner(int4), narrow),
+               "int4-copy-head8": (head8, narrow), "int4-copy-head8-f32kv": (head8, None),
+               "int8-copy": (ModelRunner(int8), narrow),
+               "gguf-file": (ModelRunner(file_precision), None)}
     times: dict = {name: [] for name in runners}
     with torch.inference_mode():
-        for name, runner in runners.items():  # warm up
-            one_token_ms(runner, args.prefix, 3)
+        for name, (runner, kv) in runners.items():  # warm up
+            one_token_ms(runner, args.prefix, 3, kv_dtype=kv)
         for _ in range(3):  # interleaved rounds, so drift hits both alike
-            for name, runner in runners.items():
-                times[name] += one_token_ms(runner, args.prefix, args.repeats // 3)
+            for name, (runner, kv) in runners.items():
+                times[name] += one_token_ms(runner, args.prefix, args.repeats // 3, kv_dtype=kv)
     median = {name: statistics.median(t) for name, t in times.items()}
     result = {
         "date": time.strftime("%Y-%m-%d"),

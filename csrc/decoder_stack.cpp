@@ -133,7 +133,7 @@ void write_rows(at::Tensor cache, const at::Tensor& states, int64_t start,
     return;
   }
   const int64_t B = block.size(0), T = block.size(2);
-  cache.scatter_(2, rows->view({B, 1, T, 1}).expand_as(block), block);
+  cache.scatter_(2, rows->view({B, 1, T, 1}).expand_as(block), block.to(cache.scalar_type()));
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(

@@ -179,9 +179,66 @@ SPECDEC_CLONES void accumulate_values(const float* __restrict probs, const float
 // ahead gained nothing measurable, 32 about a fifth).
 constexpr int64_t kPrefetchKeys = 32;
 
-// Requests the 64-byte lines of `floats` floats from `row` (a hint: never faults).
-inline void prefetch_row(const float* row, int64_t floats) {
-  for (int64_t i = 0; i < floats; i += 16) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+// Requests the 64-byte lines of `count` elements from `row` (a hint: never faults).
+template <typename T>
+inline void prefetch_row(const T* row, int64_t count) {
+  constexpr int64_t kPerLine = 64 / sizeof(T);
+  for (int64_t i = 0; i < count; i += kPerLine) _mm_prefetch(reinterpret_cast<const char*>(row + i), _MM_HINT_T0);
+}
+
+// K/V elements read as float32 where they are used: bfloat16 and float16 widen exactly, so a
+// narrow cache gives the bits of its float32 copy, without the copy (the cache is read once,
+// at its own width).
+inline float kv_float(float v) { return v; }
+inline float kv_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float kv_float(c10::Half v) { return static_cast<float>(v); }
+
+// Up to 16 elements (the lanes of `mask`; the others zero).
+SPECDEC_TARGET_AVX512 inline __m512 load_kv16(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_kv16(const c10::BFloat16* p, __mmask16 mask) {
+  const __m512i bits = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+}
+SPECDEC_TARGET_AVX512 inline __m512 load_kv16(const c10::Half* p, __mmask16 mask) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p));
+}
+
+// 8 elements.
+SPECDEC_TARGET_AVX2 inline __m256 load_kv8(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_TARGET_AVX2 inline __m256 load_kv8(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+}
+SPECDEC_TARGET_AVX2 inline __m256 load_kv8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One element in all 8 lanes. bfloat16: a 16-bit broadcast holds the bits in both halves of
+// each lane, so clearing the low halves leaves the float32 (one more instruction than float32,
+// where widening the scalar first took four).
+SPECDEC_TARGET_AVX2 inline __m256 broadcast_kv8(const float* p) { return _mm256_broadcast_ss(p); }
+SPECDEC_TARGET_AVX2 inline __m256 broadcast_kv8(const c10::BFloat16* p) {
+  const __m256i both = _mm256_set1_epi16(static_cast<short>(p->x));
+  return _mm256_castsi256_ps(_mm256_and_si256(both, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+SPECDEC_TARGET_AVX2 inline __m256 broadcast_kv8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(p->x)));
+}
+
+// The lanes of `mask` (all-ones lanes of 8), zero elsewhere: AVX2 has no 16-bit masked load.
+template <typename T>
+SPECDEC_TARGET_AVX2 inline __m256 load_kv8_masked(const T* p, __m256i mask) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm256_maskload_ps(p, mask);
+  } else {
+    alignas(32) int32_t lanes[8];
+    alignas(32) float wide[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), mask);
+    for (int i = 0; i < 8; ++i) wide[i] = lanes[i] != 0 ? kv_float(p[i]) : 0.0f;
+    return _mm256_load_ps(wide);
+  }
 }
 
 // AVX-512 forms of the three steps. Scores and the value sums use FMAs (results differ from the
@@ -190,8 +247,8 @@ inline void prefetch_row(const float* row, int64_t floats) {
 
 // R query rows (R <= 4) against every key, head dims in C chunks of 16 (C <= 4): the rows
 // stay in registers while the keys stream by.
-template <int R, int C>
-SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_dim, const float* k,
+template <int R, int C, typename T>
+SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_dim, const T* k,
                                                    int64_t k_stride, int64_t keys, __mmask16 last,
                                                    float* scores) {
   __m512 qv[R][C];
@@ -201,12 +258,12 @@ SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_
     for (int j = 0; j < C; ++j) qv[i][j] = _mm512_maskz_loadu_ps(j + 1 < C ? __mmask16(0xFFFF) : last, q + i * head_dim + 16 * j);
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t s = 0; s < keys; ++s) {
-    const float* key = k + s * k_stride;
+    const T* key = k + s * k_stride;
     prefetch_row(key + kPrefetchKeys * k_stride, C * 16);
     __m512 acc[4] = {zero, zero, zero, zero};
 #pragma GCC unroll 4
     for (int j = 0; j < C; ++j) {
-      const __m512 kv = _mm512_maskz_loadu_ps(j + 1 < C ? __mmask16(0xFFFF) : last, key + 16 * j);
+      const __m512 kv = load_kv16(key + 16 * j, j + 1 < C ? __mmask16(0xFFFF) : last);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) acc[i] = _mm512_fmadd_ps(qv[i][j], kv, acc[i]);
     }
@@ -219,12 +276,12 @@ SPECDEC_TARGET_AVX512 void scores_held_rows_avx512(const float* q, int64_t head_
   }
 }
 
-template <int R, int... C>
+template <int R, typename T, int... C>
 SPECDEC_TARGET_AVX512 void scores_held_rows_dispatch(int chunks, const float* q, int64_t head_dim,
-                                                     const float* k, int64_t k_stride, int64_t keys,
+                                                     const T* k, int64_t k_stride, int64_t keys,
                                                      __mmask16 last, float* scores,
                                                      std::integer_sequence<int, C...>) {
-  ((chunks == C + 1 ? scores_held_rows_avx512<R, C + 1>(q, head_dim, k, k_stride, keys, last, scores)
+  ((chunks == C + 1 ? scores_held_rows_avx512<R, C + 1, T>(q, head_dim, k, k_stride, keys, last, scores)
                     : void()), ...);
 }
 
@@ -238,8 +295,9 @@ SPECDEC_TARGET_AVX512 void scores_held_rows_dispatch(int chunks, const float* q,
 // in registers, a decoding token's attention from memory fell by a fifth to a third
 // (`python3 -m bench.attention_prefix`, AVX-512, 2 threads: 25-26 -> 17-18 us a layer at
 // prefix 256, 235 -> 155-165 at 2048) and 8 tokens' did not rise (318-354 -> 320-330 at 2048).
+template <typename T>
 SPECDEC_TARGET_AVX512 void scores_by_key_avx512(const float* q_rows, int64_t head_dim,
-                                                const float* k, int64_t k_stride, int64_t keys,
+                                                const T* k, int64_t k_stride, int64_t keys,
                                                 int64_t rows, float* scores) {
   const int64_t chunks = (head_dim + 15) / 16;
   const int64_t rest = head_dim - 16 * (chunks - 1);
@@ -251,21 +309,21 @@ SPECDEC_TARGET_AVX512 void scores_by_key_avx512(const float* q_rows, int64_t hea
       const int c = static_cast<int>(chunks);
       const auto seq = std::make_integer_sequence<int, 4>{};
       switch (std::min<int64_t>(4, rows - r0)) {
-        case 1: scores_held_rows_dispatch<1>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
-        case 2: scores_held_rows_dispatch<2>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
-        case 3: scores_held_rows_dispatch<3>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
-        default: scores_held_rows_dispatch<4>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        case 1: scores_held_rows_dispatch<1, T>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        case 2: scores_held_rows_dispatch<2, T>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        case 3: scores_held_rows_dispatch<3, T>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
+        default: scores_held_rows_dispatch<4, T>(c, q, head_dim, k, k_stride, keys, last, out, seq); break;
       }
       continue;
     }
     for (int64_t s = 0; s < keys; ++s) {
-      const float* key = k + s * k_stride;
+      const T* key = k + s * k_stride;
       __m512 acc[4];
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
       for (int64_t j = 0; j < chunks; ++j) {
         const __mmask16 mask = j + 1 < chunks ? __mmask16(0xFFFF) : last;
-        const __m512 kv = _mm512_maskz_loadu_ps(mask, key + 16 * j);
+        const __m512 kv = load_kv16(key + 16 * j, mask);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i)
           acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, q + i * head_dim + 16 * j), kv, acc[i]);
@@ -293,7 +351,8 @@ SPECDEC_TARGET_AVX512 void softmax_key_major_avx512(float* scores, int64_t keys,
 
 // acc[r, d] = sum over keys in order of p[key, r] * v[key, d] (FMA chains), 4 rows x 64 dims
 // of accumulators at a time; keys none of the 4 rows sees are skipped.
-SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const float* values,
+template <typename T>
+SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const T* values,
                                                     int64_t value_stride, int64_t keys,
                                                     int64_t rows, int64_t head_dim,
                                                     int64_t acc_stride, float* acc) {
@@ -311,11 +370,11 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
       for (int64_t s = 0; s < keys; ++s) {
         const __m128 p = _mm_loadu_ps(probs + s * kRows + r0);  // rows past `rows` are 0
         if (_mm_movemask_ps(_mm_cmpneq_ps(p, _mm_setzero_ps())) == 0) continue;
-        const float* v = values + s * value_stride + d0;
+        const T* v = values + s * value_stride + d0;
         prefetch_row(v + kPrefetchKeys * value_stride, std::min<int64_t>(64, head_dim - d0));
         __m512 vv[kDimVectors];
 #pragma GCC unroll 4
-        for (int j = 0; j < kDimVectors; ++j) vv[j] = _mm512_maskz_loadu_ps(masks[j], v + 16 * j);
+        for (int j = 0; j < kDimVectors; ++j) vv[j] = load_kv16(v + 16 * j, masks[j]);
 #pragma GCC unroll 4
         for (int i = 0; i < kRowBlock; ++i) {
           const __m512 pi = _mm512_set1_ps(probs[s * kRows + r0 + i]);
@@ -339,8 +398,8 @@ SPECDEC_TARGET_AVX512 void accumulate_values_avx512(const float* probs, const fl
 // AVX-512 sums the scores by key instead (scores_by_key_avx512), so the two paths' scores
 // differ by rounding; taken by key here, with 16 registers, tasks of many rows (verifying 8
 // tokens) were 8-17% slower (bench.attention_prefix).
-template <int RV>
-SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k_stride,
+template <int RV, typename T>
+SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const T* k, int64_t k_stride,
                                      int64_t keys, int64_t head_dim, float* scores) {
   constexpr int kKeys = 12 / RV;  // 12 accumulators
   int64_t s = 0;
@@ -350,7 +409,7 @@ SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k
     for (int i = 0; i < kKeys; ++i)
 #pragma GCC unroll 2
       for (int v = 0; v < RV; ++v) acc[i][v] = _mm256_setzero_ps();
-    const float* key = k + s * k_stride;
+    const T* key = k + s * k_stride;
     for (int i = 0; i < kKeys; ++i) prefetch_row(key + (kPrefetchKeys + i) * k_stride, head_dim);
     for (int64_t d = 0; d < head_dim; ++d) {
       __m256 qd[RV];
@@ -358,7 +417,7 @@ SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k
       for (int v = 0; v < RV; ++v) qd[v] = _mm256_loadu_ps(q_t + d * kRows + 8 * v);
 #pragma GCC unroll 12
       for (int i = 0; i < kKeys; ++i) {
-        const __m256 kd = _mm256_broadcast_ss(key + i * k_stride + d);
+        const __m256 kd = broadcast_kv8(key + i * k_stride + d);
 #pragma GCC unroll 2
         for (int v = 0; v < RV; ++v) acc[i][v] = _mm256_fmadd_ps(qd[v], kd, acc[i][v]);
       }
@@ -371,9 +430,9 @@ SPECDEC_TARGET_AVX2 void scores_avx2(const float* q_t, const float* k, int64_t k
   for (; s < keys; ++s) {
     __m256 acc[RV];
     for (int v = 0; v < RV; ++v) acc[v] = _mm256_setzero_ps();
-    const float* key = k + s * k_stride;
+    const T* key = k + s * k_stride;
     for (int64_t d = 0; d < head_dim; ++d) {
-      const __m256 kd = _mm256_broadcast_ss(key + d);
+      const __m256 kd = broadcast_kv8(key + d);
       for (int v = 0; v < RV; ++v)
         acc[v] = _mm256_fmadd_ps(_mm256_loadu_ps(q_t + d * kRows + 8 * v), kd, acc[v]);
     }
@@ -409,8 +468,8 @@ SPECDEC_TARGET_AVX2 void softmax_key_major_avx2(float* scores, int64_t keys, flo
 // the lanes of `masks`): 4R accumulators, R probabilities and a value vector fit the 16
 // registers. `probs` starts at the block's first row, `values` and `acc` at its first dim.
 // Keys none of the R rows sees are skipped (one compare of their probabilities).
-template <int R, bool kFull>
-SPECDEC_TARGET_AVX2 void value_rows_avx2(const float* probs, const float* values,
+template <int R, bool kFull, typename T>
+SPECDEC_TARGET_AVX2 void value_rows_avx2(const float* probs, const T* values,
                                          int64_t value_stride, int64_t keys, int64_t dims,
                                          const __m256i* masks, int64_t acc_stride, float* acc) {
   constexpr int kDimVectors = 4;
@@ -431,12 +490,12 @@ SPECDEC_TARGET_AVX2 void value_rows_avx2(const float* probs, const float* values
     __m256 pi[R];
 #pragma GCC unroll 3
     for (int i = 0; i < R; ++i) pi[i] = _mm256_broadcast_ss(p + i);
-    const float* v = values + s * value_stride;
+    const T* v = values + s * value_stride;
 #pragma GCC unroll 4
     for (int j = 0; j < kDimVectors; ++j) {
       // Plain loads where all 32 dims are there: vmaskmovps streaming 2k value rows from
       // memory made this loop twice as slow on Zen 4 (bench.attention_prefix, 2026-11-26).
-      const __m256 vv = kFull ? _mm256_loadu_ps(v + 8 * j) : _mm256_maskload_ps(v + 8 * j, masks[j]);
+      const __m256 vv = kFull ? load_kv8(v + 8 * j) : load_kv8_masked(v + 8 * j, masks[j]);
 #pragma GCC unroll 3
       for (int i = 0; i < R; ++i) a[i][j] = _mm256_fmadd_ps(pi[i], vv, a[i][j]);
     }
@@ -448,7 +507,8 @@ SPECDEC_TARGET_AVX2 void value_rows_avx2(const float* probs, const float* values
 
 // accumulate_values_avx512 in blocks of 3 rows x 32 dims (value_rows_avx2). The same FMA chains
 // in key order: a row's sums do not depend on its block.
-SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float* values,
+template <typename T>
+SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const T* values,
                                                 int64_t value_stride, int64_t keys, int64_t rows,
                                                 int64_t head_dim, int64_t acc_stride, float* acc) {
   constexpr int kRowBlock = 3, kDims = 32;
@@ -464,30 +524,33 @@ SPECDEC_TARGET_AVX2 void accumulate_values_avx2(const float* probs, const float*
     for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
       const int live = static_cast<int>(std::min<int64_t>(kRowBlock, rows - r0));
       const float* p = probs + r0;
-      const float* v = values + d0;
+      const T* v = values + d0;
       float* out = acc + r0 * acc_stride + d0;
       switch (2 * live + (full ? 1 : 0)) {
-        case 2: value_rows_avx2<1, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
-        case 3: value_rows_avx2<1, true>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
-        case 4: value_rows_avx2<2, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
-        case 5: value_rows_avx2<2, true>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
-        case 6: value_rows_avx2<3, false>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
-        default: value_rows_avx2<3, true>(p, v, value_stride, keys, dims, masks, acc_stride, out);
+        case 2: value_rows_avx2<1, false, T>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 3: value_rows_avx2<1, true, T>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 4: value_rows_avx2<2, false, T>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 5: value_rows_avx2<2, true, T>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        case 6: value_rows_avx2<3, false, T>(p, v, value_stride, keys, dims, masks, acc_stride, out); break;
+        default: value_rows_avx2<3, true, T>(p, v, value_stride, keys, dims, masks, acc_stride, out);
       }
     }
   }
 }
 #endif
 
-// Rows [0, keys) of a K or V cache slice as float32 rows `stride` apart: the cache itself for
-// float32, else a converted copy in `buffer`.
-template <typename scalar_t>
-const float* float_rows(const scalar_t* rows, int64_t row_stride, int64_t keys, int64_t head_dim,
-                        std::vector<float>& buffer, int64_t& stride) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
+// Rows [0, keys) of a K or V cache slice as `row_t` rows `stride` apart: the cache itself when
+// `row_t` is its type (the vector code reads every cache type), else a float32 copy in
+// `buffer` (the portable code reads float32 only).
+template <typename row_t, typename cache_t>
+const row_t* kv_rows(const cache_t* rows, int64_t row_stride, int64_t keys, int64_t head_dim,
+                     std::vector<float>& buffer, int64_t& stride) {
+  if constexpr (std::is_same_v<row_t, cache_t>) {
+    (void)keys, (void)head_dim, (void)buffer;
     stride = row_stride;
     return rows;
   } else {
+    static_assert(std::is_same_v<row_t, float>, "copies are float32");
     buffer.resize(keys * head_dim);
     for (int64_t i = 0; i < keys; ++i)
       for (int64_t d = 0; d < head_dim; ++d)
@@ -499,8 +562,9 @@ const float* float_rows(const scalar_t* rows, int64_t row_stride, int64_t keys, 
 
 // The vector code's scores of `rows` real query rows (AVX2: transposed into q_t first); a no-op
 // without x86 vector code.
+template <typename T>
 inline void score_rows_vector(bool avx512, const float* q_rows, float* q_t, int64_t head_dim,
-                              const float* k, int64_t k_stride, int64_t keys, int64_t rows,
+                              const T* k, int64_t k_stride, int64_t keys, int64_t rows,
                               float* scores) {
 #if SPECDEC_X86
   if (avx512) {
@@ -510,9 +574,9 @@ inline void score_rows_vector(bool avx512, const float* q_rows, float* q_t, int6
   for (int64_t r = 0; r < kRows; ++r)
     for (int64_t d = 0; d < head_dim; ++d) q_t[d * kRows + r] = q_rows[r * head_dim + d];
   if (rows <= 8) {
-    scores_avx2<1>(q_t, k, k_stride, keys, head_dim, scores);
+    scores_avx2<1, T>(q_t, k, k_stride, keys, head_dim, scores);
   } else {
-    scores_avx2<2>(q_t, k, k_stride, keys, head_dim, scores);
+    scores_avx2<2, T>(q_t, k, k_stride, keys, head_dim, scores);
   }
 #else
   (void)avx512, (void)q_rows, (void)q_t, (void)head_dim, (void)k, (void)k_stride, (void)keys,
@@ -529,11 +593,12 @@ inline int64_t last_visible_node(const int32_t* row, int64_t words) {
 
 // One task of tree attention: up to kRows (token, query head) rows of one KV head of one
 // request, and what its three stages (scores, softmax, value sums) share.
+template <typename row_t>
 struct AttentionTask {
   int64_t b = 0, h = 0, i0 = 0, rows = 0, cache_len = 0, keys = 0;
   int64_t k_stride = 0, v_stride = 0;
-  const float* k_rows = nullptr;
-  const float* v_rows = nullptr;
+  const row_t* k_rows = nullptr;
+  const row_t* v_rows = nullptr;
   const int32_t* row_mask[kRows] = {};
   std::vector<float> q_rows, scores, acc, k_buf, v_buf;
   float row_sum[kRows] = {};
@@ -558,19 +623,25 @@ constexpr int64_t kDimPiece = 32;
 // by head dims over the threads: a score is one key's dot product, and a value sum element is
 // one (row, dim)'s chain over the keys, so neither depends on the split. (One task per KV head
 // leaves a thread idle a third of the time on 2 threads.)
-template <typename scalar_t, typename index_t>
+//
+// `scalar_t` is the queries' and output's type, `cache_t` the cache's (the same, or bfloat16 /
+// float16 under float32 queries), `row_t` the type the stages read K/V rows as: `cache_t` for
+// the vector code, float32 copies for the portable code. Widening is exact, so every
+// combination gives the bits of float32 rows holding the cache's values.
+template <typename scalar_t, typename cache_t, typename row_t, typename index_t>
 void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& cache_lens,
                                const at::Tensor& tree_mask, float scale, at::Tensor& out,
                                const TreeAttentionShape& s) {
+  using Task = AttentionTask<row_t>;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t head_dim = s.head_dim;
   const int64_t total_rows = s.tokens * group;
   const int64_t row_blocks = ceil_div(total_rows, kRows);
   const int64_t num_tasks = s.batch * s.kv_heads * row_blocks;
   const scalar_t* q_ptr = q.const_data_ptr<scalar_t>();
-  const scalar_t* k_ptr = k_cache.const_data_ptr<scalar_t>();
-  const scalar_t* v_ptr = v_cache.const_data_ptr<scalar_t>();
+  const cache_t* k_ptr = k_cache.const_data_ptr<cache_t>();
+  const cache_t* v_ptr = v_cache.const_data_ptr<cache_t>();
   const index_t* lens = cache_lens.const_data_ptr<index_t>();
   const int32_t* mask = tree_mask.const_data_ptr<int32_t>();
   scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
@@ -581,9 +652,10 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const dot::TileTable& tiles = dot::tiles_for<float>(level);
   const bool avx512 = SPECDEC_X86 && level >= simd::kAvx512;
   const bool vector = SPECDEC_X86 && level >= simd::kAvx2;
+  TORCH_INTERNAL_ASSERT((vector || std::is_same_v<row_t, float>), "portable code reads float32 rows");
 
   // The task's scaled query rows, masks, key count and float32 K/V rows; scores sized.
-  auto prepare = [&](int64_t task, AttentionTask& t) {
+  auto prepare = [&](int64_t task, Task& t) {
     t.i0 = (task % row_blocks) * kRows;
     t.h = (task / row_blocks) % s.kv_heads;
     t.b = task / (row_blocks * s.kv_heads);
@@ -604,20 +676,20 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
     }
     t.keys = t.cache_len + last_node + 1;
     if (t.keys > 0) {
-      t.k_rows = float_rows(k_ptr + t.b * ks[0] + t.h * ks[1], ks[2], t.keys, head_dim, t.k_buf, t.k_stride);
-      t.v_rows = float_rows(v_ptr + t.b * vs[0] + t.h * vs[1], vs[2], t.keys, head_dim, t.v_buf, t.v_stride);
+      t.k_rows = kv_rows<row_t>(k_ptr + t.b * ks[0] + t.h * ks[1], ks[2], t.keys, head_dim, t.k_buf, t.k_stride);
+      t.v_rows = kv_rows<row_t>(v_ptr + t.b * vs[0] + t.h * vs[1], vs[2], t.keys, head_dim, t.v_buf, t.v_stride);
       t.scores.resize(t.keys * kRows);
     }
   };
 
   // scores[key, r] = (scaled q_r) . k_key for keys [k0, k1), key-major; then the tree mask.
-  auto score_keys = [&](AttentionTask& t, int64_t k0, int64_t k1, std::vector<float>& q_t) {
+  auto score_keys = [&](Task& t, int64_t k0, int64_t k1, std::vector<float>& q_t) {
     float* scores = t.scores.data();
-    const float* k_rows = t.k_rows + k0 * t.k_stride;
+    const row_t* k_rows = t.k_rows + k0 * t.k_stride;
     if (vector) {
       score_rows_vector(avx512, t.q_rows.data(), q_t.data(), head_dim, k_rows, t.k_stride,
                         k1 - k0, t.rows, scores + k0 * kRows);
-    } else {
+    } else if constexpr (std::is_same_v<row_t, float>) {
       for (int64_t r0 = 0; r0 < t.rows; r0 += tiles.weight_tile) {
         const int nr = static_cast<int>(std::min<int64_t>(tiles.weight_tile, t.rows - r0));
         for (int64_t key = k0; key < k1; key += tiles.row_tile) {
@@ -637,7 +709,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   };
 
   // Scores become exp(s - max) in place; row_sum their sums in key order.
-  auto softmax = [&](AttentionTask& t) {
+  auto softmax = [&](Task& t) {
     if (t.keys == 0) {
       std::fill(t.row_sum, t.row_sum + kRows, 0.0f);
       return;
@@ -661,10 +733,10 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
 
   // Value sums of head dims [d0, d1) (acc, row stride head_dim), then those dims of the output.
   // Rows that saw no key at all (an empty mask row over an empty prefix) are zero.
-  auto sum_values = [&](AttentionTask& t, int64_t d0, int64_t d1) {
+  auto sum_values = [&](Task& t, int64_t d0, int64_t d1) {
     float* acc = t.acc.data() + d0;
     if (t.keys > 0) {
-      const float* v = t.v_rows + d0;
+      const row_t* v = t.v_rows + d0;
 #if SPECDEC_X86
       if (avx512) {
         accumulate_values_avx512(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
@@ -672,7 +744,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
         accumulate_values_avx2(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       } else
 #endif
-      {
+      if constexpr (std::is_same_v<row_t, float>) {
         accumulate_values(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       }
     }
@@ -687,10 +759,10 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t threads = at::get_num_threads();
   int64_t longest = 0;
   for (int64_t b = 0; b < s.batch; ++b) longest = std::max<int64_t>(longest, lens[b]);
-  const bool float_cache = std::is_same_v<scalar_t, float>;  // the others convert per task
-  if (!(float_cache && threads > 1 && num_tasks < 2 * threads && longest >= 2 * kKeyPiece)) {
+  const bool in_place = std::is_same_v<row_t, cache_t>;  // copies are made per task
+  if (!(in_place && threads > 1 && num_tasks < 2 * threads && longest >= 2 * kKeyPiece)) {
     at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-      AttentionTask t;
+      Task t;
       std::vector<float> q_t(kRows * head_dim);
       for (int64_t task = begin; task < end; ++task) {
         prepare(task, t);
@@ -703,7 +775,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
     return;
   }
   // Few tasks: every stage split over the threads (the same operations, see above).
-  std::vector<AttentionTask> tasks(num_tasks);
+  std::vector<Task> tasks(num_tasks);
   std::vector<std::pair<int64_t, int64_t>> key_pieces;  // (task, first key)
   for (int64_t task = 0; task < num_tasks; ++task) {
     prepare(task, tasks[task]);
@@ -712,7 +784,7 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   at::parallel_for(0, static_cast<int64_t>(key_pieces.size()), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> q_t(kRows * head_dim);
     for (int64_t i = begin; i < end; ++i) {
-      AttentionTask& t = tasks[key_pieces[i].first];
+      Task& t = tasks[key_pieces[i].first];
       const int64_t k0 = key_pieces[i].second;
       score_keys(t, k0, std::min(k0 + kKeyPiece, t.keys), q_t);
     }
@@ -735,16 +807,37 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
 at::Tensor tree_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache,
                               const at::Tensor& v_cache, const at::Tensor& cache_lens,
                               const at::Tensor& tree_mask, double scale) {
-  const TreeAttentionShape s = check_tree_attention_args(q, k_cache, v_cache, cache_lens, tree_mask);
+  const TreeAttentionShape s = check_tree_attention_args(q, k_cache, v_cache, cache_lens, tree_mask,
+                                                        /*narrow_cache_allowed=*/true);
   at::Tensor out = at::empty({s.batch, s.tokens, s.q_heads, s.head_dim}, q.options());
+  const bool vector = SPECDEC_X86 && simd::max_level() >= simd::kAvx2;
   AT_DISPATCH_INDEX_TYPES(cache_lens.scalar_type(), "tree_attention_cpu", [&] {
     check_cache_lens_values<index_t>(cache_lens, s);
     using lens_t = index_t;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(),
-                                    "tree_attention_cpu", [&] {
-      tree_attention_cpu_kernel<scalar_t, lens_t>(q, k_cache, v_cache, cache_lens, tree_mask,
-                                                  static_cast<float>(scale), out, s);
-    });
+    // The cache's type (q's, or narrower under float32 q), then q's.
+    auto with_cache = [&](auto cache_zero) {
+      using cache_t = decltype(cache_zero);
+      auto run = [&](auto query_zero) {
+        using q_t = decltype(query_zero);
+        if (vector) {
+          tree_attention_cpu_kernel<q_t, cache_t, cache_t, lens_t>(
+              q, k_cache, v_cache, cache_lens, tree_mask, static_cast<float>(scale), out, s);
+        } else {
+          tree_attention_cpu_kernel<q_t, cache_t, float, lens_t>(
+              q, k_cache, v_cache, cache_lens, tree_mask, static_cast<float>(scale), out, s);
+        }
+      };
+      if (q.scalar_type() == k_cache.scalar_type()) {
+        run(cache_t{});
+      } else {
+        run(float{});  // the checks allow only float32 q over a narrower cache
+      }
+    };
+    switch (k_cache.scalar_type()) {
+      case at::kBFloat16: with_cache(c10::BFloat16{}); break;
+      case at::kHalf: with_cache(c10::Half{}); break;
+      default: with_cache(float{});  // the checks allow float32, bfloat16, float16
+    }
   });
   return out;
 }

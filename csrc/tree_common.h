@@ -136,7 +136,8 @@ inline bool is_attention_dtype(c10::ScalarType t) {
 inline TreeAttentionShape check_tree_attention_args(const at::Tensor& q, const at::Tensor& k_cache,
                                                     const at::Tensor& v_cache,
                                                     const at::Tensor& cache_lens,
-                                                    const at::Tensor& tree_mask) {
+                                                    const at::Tensor& tree_mask,
+                                                    bool narrow_cache_allowed) {
   TORCH_CHECK_VALUE(q.dim() == 4, "q must have shape [B, T, Hq, D], got ", q.sizes());
   TORCH_CHECK_VALUE(k_cache.dim() == 4, "k_cache must have shape [B, Hkv, S, D], got ",
                     k_cache.sizes());
@@ -156,10 +157,18 @@ inline TreeAttentionShape check_tree_attention_args(const at::Tensor& q, const a
   TORCH_CHECK_VALUE(s.head_dim > 0, "head dim must be positive, got q ", q.sizes());
   TORCH_CHECK_VALUE(is_attention_dtype(q.scalar_type()),
                     "q must be float32, float16 or bfloat16, got ", q.scalar_type());
-  TORCH_CHECK_VALUE(k_cache.scalar_type() == q.scalar_type() &&
-                        v_cache.scalar_type() == q.scalar_type(),
-                    "q, k_cache and v_cache must share a dtype, got ", q.scalar_type(), ", ",
-                    k_cache.scalar_type(), ", ", v_cache.scalar_type());
+  // A float32 query over a bfloat16/float16 cache (CPU): the cache widens exactly to float32.
+  const bool narrow_cache = narrow_cache_allowed && q.scalar_type() == at::kFloat &&
+                            k_cache.scalar_type() != at::kFloat &&
+                            is_attention_dtype(k_cache.scalar_type());
+  TORCH_CHECK_VALUE(v_cache.scalar_type() == k_cache.scalar_type() &&
+                        (k_cache.scalar_type() == q.scalar_type() || narrow_cache),
+                    "q, k_cache and v_cache must share a dtype",
+                    narrow_cache_allowed ? " (or, with float32 q, k_cache and v_cache may both "
+                                           "be bfloat16 or float16)"
+                                         : " (on this device)",
+                    ", got ", q.scalar_type(), ", ", k_cache.scalar_type(), ", ",
+                    v_cache.scalar_type());
   TORCH_CHECK_VALUE(k_cache.device() == q.device() && v_cache.device() == q.device(),
                     "q, k_cache and v_cache must be on one device, got ", q.device(), ", ",
                     k_cache.device(), ", ", v_cache.device());

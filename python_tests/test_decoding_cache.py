@@ -32,14 +32,20 @@ def fresh_kv(model, tokens):
 
 
 def assert_cache_matches(model, cache, committed_tokens):
+    """Each request's committed rows are a fresh prefill's (to rounding: a bfloat16 draft
+    cache, ``narrow_kv``, to bfloat16's; a row out of place is off by far more)."""
     assert cache.lens.tolist() == cache.host_lens
     for b, tokens in enumerate(committed_tokens):
         n = len(tokens)
         assert cache.host_lens[b] == n
         for layer, (k, v) in enumerate(fresh_kv(model, tokens)):
             ours_k, ours_v = cache.layer_kv(layer)
-            torch.testing.assert_close(ours_k[b, :, :n], k, rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(ours_v[b, :, :n], v, rtol=1e-4, atol=1e-5)
+            for ours, fresh in ((ours_k[b, :, :n], k), (ours_v[b, :, :n], v)):
+                if ours.dtype == torch.bfloat16:  # each row within rounding of its own
+                    rows = (ours.float() - fresh).norm(dim=-1) / fresh.norm(dim=-1)
+                    assert rows.max() < 0.03, (layer, rows.max())
+                else:
+                    torch.testing.assert_close(ours, fresh, rtol=1e-4, atol=1e-5)
 
 
 def make(name, model):

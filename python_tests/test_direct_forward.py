@@ -234,3 +234,46 @@ def test_a_hooked_model_runs_its_own_forward_and_observers_see_both_paths():
     handle.remove()
     direct.forward(caches[0], torch.tensor([[5]]), caches[0].host_lens)
     assert len(seen) == 5
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_narrow_cache_matches_on_both_paths(family):
+    """A bfloat16 cache under a float32 model (a drafter's ``narrow_kv``): both paths round the
+    K/V alike as they write them (contiguous and ragged rows) and read them alike, so logits
+    and caches stay bit-identical; the first layer's rows are the float32 cache's, rounded."""
+    model = randomise_norms(tiny_model(family, vocab=61, layers=3,
+                                       attention_bias=family == "llama"))
+    direct, own = runners(model)
+    assert direct.narrow_kv_dtype() == torch.bfloat16
+    caches = [r.new_cache(2, 64, torch.bfloat16) for r in (direct, own)]
+    wide = direct.new_cache(2, 64)
+    for runner, cache in zip((direct, own, direct), caches + [wide]):
+        runner.prefill(cache, prompts(61))
+    assert caches[0].buffer.dtype == torch.bfloat16
+    assert_equal(caches[0].buffer, caches[1].buffer)
+    assert_equal(caches[0].buffer[0], wide.buffer[0].to(torch.bfloat16))
+    starts = list(caches[0].host_lens)
+    assert starts[0] != starts[1]  # ragged: rows written by index
+    tokens = torch.tensor([[3, 5, 7, 11, 13], [17, 19, 23, 29, 31]])
+    tree = torch.tensor([[-1, 0, 0, 1, -2], [-1, 0, 1, 2, 3]])
+    outs = [r.forward(c, tokens, starts, tree) for r, c in zip((direct, own), caches)]
+    assert_equal(*outs)
+    assert_equal(caches[0].buffer, caches[1].buffer)
+    reference = direct.forward(wide, tokens, starts, tree)
+    # bfloat16 K/V (8 bits of mantissa) move the logits by rounding, not more.
+    assert 0 < (outs[0] - reference).norm() < 0.02 * reference.norm()
+
+
+def test_a_narrow_cache_only_where_the_forwards_read_it():
+    model = tiny_model("llama", vocab=61)
+    runner = ModelRunner(model, cpu_kernels=True)
+    with pytest.raises(ValueError, match="kv_dtype=torch.float16"):
+        runner.new_cache(1, 8, torch.float16)
+    torch_kernels = ModelRunner(model, cpu_kernels=False)
+    assert torch_kernels.narrow_kv_dtype() is None
+    with pytest.raises(ValueError, match="kv_dtype=torch.bfloat16.*package's CPU kernels"):
+        torch_kernels.new_cache(1, 8, torch.bfloat16)
+    bf16 = ModelRunner(tiny_model("llama", vocab=61, dtype=torch.bfloat16), cpu_kernels=True)
+    assert bf16.narrow_kv_dtype() is None
+    assert bf16.new_cache(1, 8, torch.bfloat16).dtype == torch.bfloat16  # its own dtype

@@ -527,10 +527,12 @@ def test_multi_pauses_a_pausable_prophet_that_does_not_pay(tiny, pausable):
         assert report["prompt-lookup"]["steps_paused"] < report["guesser"]["steps_paused"]
 
 
-def test_quantized_self_seeds_its_cache_from_the_target_prefill(tiny, monkeypatch):
+@pytest.mark.parametrize("narrow_kv", [True, False])
+def test_quantized_self_seeds_its_cache_from_the_target_prefill(tiny, monkeypatch, narrow_kv):
     """The copy does not prefill the prompt again: its cache starts as the target's rows
     (prefilling the copy through the integer kernel cost about what the target's prefill does),
-    and the output stays the plain loop's."""
+    rounded to bfloat16 with ``narrow_kv`` (the default), and the output stays the plain
+    loop's."""
     from specdec_kernels.decoding.quantized import _same_cache_layout
     from specdec_kernels.decoding.runner import ModelRunner
 
@@ -548,7 +550,10 @@ def test_quantized_self_seeds_its_cache_from_the_target_prefill(tiny, monkeypatc
         n = state.cache.host_lens
         assert drafter.cache.host_lens == n and torch.equal(drafter.cache.lens, state.cache.lens)
         assert drafter.cache.buffer.data_ptr() != state.cache.buffer.data_ptr()  # a copy
-        assert torch.equal(drafter.cache.buffer[..., : min(n), :], state.cache.buffer[..., : min(n), :])
+        kv_dtype = torch.bfloat16 if narrow_kv else torch.float32
+        assert drafter.cache.buffer.dtype == kv_dtype
+        assert torch.equal(drafter.cache.buffer[..., : min(n), :],
+                           state.cache.buffer[..., : min(n), :].to(kv_dtype))
         seeded.append(True)
 
     monkeypatch.setattr(ModelRunner, "prefill", counting_prefill)
@@ -556,8 +561,8 @@ def test_quantized_self_seeds_its_cache_from_the_target_prefill(tiny, monkeypatc
     prompts = TINY_PROMPTS[:3]
     want = generate(tiny, prompts, max_new_tokens=11, eos_token_id=[]).tokens
     prefills.clear()
-    out = generate(tiny, prompts, drafter=QuantizedSelfDrafter(num_draft=3), max_new_tokens=11,
-                   eos_token_id=[])
+    out = generate(tiny, prompts, drafter=QuantizedSelfDrafter(num_draft=3, narrow_kv=narrow_kv),
+                   max_new_tokens=11, eos_token_id=[])
     assert out.tokens == want and seeded
     assert prefills == [tiny]  # the target's prefill only
     assert sum(sum(r.proposed_at) for r in out.stats.requests) > 0  # the copy drafted

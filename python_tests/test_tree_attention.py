@@ -397,6 +397,8 @@ BAD_ATTENTION = {
     "cache lens shape": (dict(cache_lens=torch.tensor([1])), "cache_lens must have shape"),
     "cache lens dtype": (dict(cache_lens=torch.tensor([1.0, 2.0])), "int32 or int64"),
     "kv dtype": (dict(k_cache=torch.zeros(2, 2, 10, 64).half()), "share a dtype"),
+    # A narrow cache is for float32 queries only: never a cache wider than q.
+    "cache wider than q": (dict(q=torch.zeros(2, 3, 4, 64, dtype=torch.bfloat16)), "share a dtype"),
     "q dtype": (dict(q=torch.zeros(2, 3, 4, 64, dtype=torch.float64)), "float32, float16 or bfloat16"),
     "q rank": (dict(q=torch.zeros(2, 3, 256)), "q must have shape"),
     "v shape": (dict(v_cache=torch.zeros(2, 2, 11, 64)), "v_cache has shape"),
@@ -414,6 +416,14 @@ def test_rejects_bad_input(device, case):
     overrides, message = BAD_ATTENTION[case]
     with pytest.raises(ValueError, match=message):
         ops.tree_attention(**bad_args(device, **overrides), validate=True)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
+def test_cuda_rejects_a_narrow_cache():
+    narrow = dict(k_cache=torch.zeros(2, 2, 10, 64, dtype=torch.bfloat16),
+                  v_cache=torch.zeros(2, 2, 10, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="on this device"):
+        ops.tree_attention(**bad_args("cuda", **narrow))
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA kernels and a GPU")
@@ -463,6 +473,50 @@ def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, prefix, g
             assert torch.equal(alone[0, 0], tree_out[0, j]), j
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,prefix,nodes", [
+    ((9, 3, 64), 37, 13), ((12, 2, 80), 5, 1), ((4, 4, 20), 61, 7), ((2, 1, 36), 600, 1),
+    ((9, 3, 64), 1031, 1), ((6, 1, 48), 517, 9),
+])
+def test_cpu_narrow_cache_reads_as_its_float32_copy(cpu_isa, cache_dtype, heads, prefix, nodes, gen):
+    """Float32 queries over a bfloat16/float16 cache give the bits of the same queries over the
+    cache's float32 copy (widening is exact), on every path and schedule (long prefixes split
+    keys over the threads); against the reference too."""
+    q_heads, kv_heads, head_dim = heads
+    parents = random_parents(nodes, gen)
+    lens = torch.tensor([prefix, prefix // 2 + 1])
+    masks = reference.build_tree_masks(torch.tensor([parents, parents]), lens)
+    q = torch.randn(2, nodes, q_heads, head_dim, generator=gen)
+    k = torch.randn(2, kv_heads, prefix + nodes + 2, head_dim, generator=gen).to(cache_dtype)
+    v = torch.randn(2, kv_heads, prefix + nodes + 2, head_dim, generator=gen).to(cache_dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))  # the split schedule needs threads to split over
+    try:
+        narrow = ops.tree_attention(q, k, v, lens, masks.packed_mask)
+        wide = ops.tree_attention(q, k.float(), v.float(), lens, masks.packed_mask)
+    finally:
+        torch.set_num_threads(threads)
+    assert narrow.dtype == torch.float32
+    assert torch.equal(narrow, wide)
+    spec = reference.tree_attention(q.double(), k, v, lens, masks.packed_mask, head_dim**-0.5)
+    torch.testing.assert_close(narrow, spec.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_half_types_are_the_float32_result_rounded(cpu_isa, dtype, gen):
+    """A bfloat16/float16 call reads its cache at its own width and computes in float32: its
+    output is the float32 call's on the same values, rounded once."""
+    prefix, nodes = 300, 11
+    parents = random_parents(nodes, gen)
+    masks = reference.build_tree_masks(torch.tensor([parents]), torch.tensor([prefix]))
+    q = torch.randn(1, nodes, 9, 64, generator=gen).to(dtype)
+    k = torch.randn(1, 3, prefix + nodes, 64, generator=gen).to(dtype)
+    v = torch.randn(1, 3, prefix + nodes, 64, generator=gen).to(dtype)
+    half = ops.tree_attention(q, k, v, torch.tensor([prefix]), masks.packed_mask)
+    wide = ops.tree_attention(q.float(), k.float(), v.float(), torch.tensor([prefix]), masks.packed_mask)
+    assert torch.equal(half, wide.to(dtype))
 
 
 def test_cpu_vector_paths_agree(gen):

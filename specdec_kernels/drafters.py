@@ -403,6 +403,7 @@ class QuantizedSelfOptions(ChainOptions):
     head_bits: int = choice(8, "the LM head's weight bits", (4, 8))
     group: int = integer(32, "values per scale along K")
     gguf: str | None = text(None, "draft with this GGUF file's own weights")
+    narrow_kv: bool = switch(True, "the draft's K/V in bfloat16 (float32 drafts on the CPU kernels)")
 
 
 @dataclass
@@ -455,7 +456,7 @@ class EagleOptions:
 
 @dataclass
 class DraftModelOptions(ChainOptions):
-    pass
+    narrow_kv: bool = switch(True, "the draft's K/V in bfloat16 (float32 drafts on the CPU kernels)")
 
 
 _D = "specdec_kernels.decoding."

@@ -82,15 +82,15 @@ def tree_attention(
     scale: float,
 ) -> Tensor:
     """Reference of :func:`specdec_kernels.ops.tree_attention`: SDPA with the dense mask over
-    ``[prefix + tree]``, one request at a time, in the inputs' dtype (upcast them for an
-    accurate reference)."""
+    ``[prefix + tree]``, one request at a time, in ``q``'s dtype (upcast the inputs for an
+    accurate reference; a narrower cache is widened to ``q``'s dtype, exactly)."""
     batch, nodes, q_heads, _ = q.shape
     group = q_heads // k_cache.shape[1]
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     for b in range(batch):
         n = int(cache_lens[b])
-        keys = k_cache[b, :, : n + nodes].repeat_interleave(group, dim=0)  # [Hq, n + T, D]
-        values = v_cache[b, :, : n + nodes].repeat_interleave(group, dim=0)
+        keys = k_cache[b, :, : n + nodes].to(q.dtype).repeat_interleave(group, dim=0)  # [Hq, n + T, D]
+        values = v_cache[b, :, : n + nodes].to(q.dtype).repeat_interleave(group, dim=0)
         tree = unpack_tree_mask(tree_mask[b], nodes)  # [T, T]
         visible = torch.cat([tree.new_ones(nodes, n), tree], dim=1)  # [T, n + T]
         rows = torch.nn.functional.scaled_dot_product_attention(

@@ -204,7 +204,8 @@ void launch_tree_attention(TreeAttentionParams<scalar_t> p, bool tensor_cores,
 at::Tensor tree_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache,
                                const at::Tensor& v_cache, const at::Tensor& cache_lens,
                                const at::Tensor& tree_mask, double scale) {
-  const TreeAttentionShape s = check_tree_attention_args(q, k_cache, v_cache, cache_lens, tree_mask);
+  const TreeAttentionShape s = check_tree_attention_args(q, k_cache, v_cache, cache_lens, tree_mask,
+                                                            /*narrow_cache_allowed=*/false);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = at::empty({s.batch, s.tokens, s.q_heads, s.head_dim}, q.options());
   TORCH_CHECK_VALUE(s.head_dim <= kMaxCudaHeadDim, "tree_attention on CUDA supports head dims up to ",

@@ -69,6 +69,12 @@ class KVCache(Cache):
         Rows per request ``S``: prompt + new tokens + the largest speculative block.
     device : torch.device
         Device of the length tensors (the buffer follows the model's K/V).
+    dtype : torch.dtype, optional
+        The buffer's dtype; by default the model's K/V dtype. A narrower one (bfloat16 under a
+        float32 model) halves the bytes attention reads; the K/V are rounded to it as they are
+        written. Only the package's CPU tree attention reads such a cache
+        (:meth:`ModelRunner.new_cache <specdec_kernels.decoding.runner.ModelRunner.new_cache>`
+        checks).
 
     Attributes
     ----------
@@ -80,12 +86,14 @@ class KVCache(Cache):
         The same lengths on the host (the engine updates both; no device read needed).
     """
 
-    def __init__(self, num_layers: int, batch: int, capacity: int, device: torch.device):
+    def __init__(self, num_layers: int, batch: int, capacity: int, device: torch.device,
+                 dtype: torch.dtype | None = None):
         super().__init__(layers=[_KVCacheLayer(self, i) for i in range(num_layers)])
         self.num_layers = num_layers
         self.batch = batch
         self.capacity = capacity
         self.device = torch.device(device)
+        self.dtype = dtype
         self.buffer: Tensor | None = None
         self.lens = torch.zeros(batch, dtype=torch.int64, device=self.device)
         self.host_lens = [0] * batch
@@ -137,7 +145,8 @@ class KVCache(Cache):
         if batch != self.batch:
             raise ValueError(f"KVCache was made for batch {self.batch}, the model wrote {batch}")
         shape = (self.num_layers, 2, batch, heads, self.capacity, head_dim)
-        self.buffer = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        dtype = self.dtype or key_states.dtype
+        self.buffer = torch.zeros(shape, dtype=dtype, device=key_states.device)
 
     def write(self, layer_idx: int, key_states: Tensor, value_states: Tensor):
         """Store one layer's K/V of the block declared by :meth:`plan_write` (allocating the
@@ -168,8 +177,8 @@ class KVCache(Cache):
             values[:, :, rows].copy_(value_states)
         else:
             index = self._write_index.view(self.batch, 1, self._width, 1).expand_as(key_states)
-            keys.scatter_(2, index, key_states)
-            values.scatter_(2, index, value_states)
+            keys.scatter_(2, index, key_states.to(keys.dtype))
+            values.scatter_(2, index, value_states.to(values.dtype))
         return keys[:, :, : self.kv_len], values[:, :, : self.kv_len]
 
     # ------------------------------------------------------------------ commits

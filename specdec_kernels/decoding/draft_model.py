@@ -40,16 +40,24 @@ class DraftModelDrafter(AutoregressiveDrafter):
     tokenizer : optional
         The draft model's tokenizer; when given (and the target's is known) the vocabularies
         must match exactly.
+    narrow_kv : bool
+        Keep the draft model's K/V in its runner's narrower dtype where it has one (bfloat16
+        for a float32 draft model on the package's CPU kernels, see
+        :meth:`~specdec_kernels.decoding.runner.ModelRunner.narrow_kv_dtype`; elsewhere its own
+        dtype): half the bytes its attention reads, K/V rounded to bfloat16. Draft quality
+        only; the output stays the target's.
     num_draft, adaptive, min_draft, max_draft, confidence_threshold, budget, cost_curve, draft_cost_curve
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
 
     name = "draft-model"
 
-    def __init__(self, model, *, tokenizer=None, num_draft: int = 4, **kwargs):
+    def __init__(self, model, *, tokenizer=None, num_draft: int = 4, narrow_kv: bool = True,
+                 **kwargs):
         super().__init__(num_draft, **kwargs)
         self.model = model
         self.tokenizer = tokenizer
+        self.narrow_kv = narrow_kv
         self.runner = ModelRunner(model)
         self.cache = None
 
@@ -81,11 +89,16 @@ class DraftModelDrafter(AutoregressiveDrafter):
     def describe(self) -> dict:
         out = super().describe()
         out["model"] = getattr(self.model.config, "_name_or_path", type(self.model).__name__)
+        out["kv_dtype"] = str(self._kv_dtype() or self.runner.dtype).removeprefix("torch.")
         return out
+
+    def _kv_dtype(self) -> torch.dtype | None:
+        """The draft cache's dtype (None: the draft model's)."""
+        return self.runner.narrow_kv_dtype() if self.narrow_kv else None
 
     def start(self, state: DecodeState) -> None:
         super().start(state)
-        self.cache = self.runner.new_cache(state.batch, state.cache.capacity)
+        self.cache = self.runner.new_cache(state.batch, state.cache.capacity, self._kv_dtype())
         self._fill_cache(state)
 
     def _fill_cache(self, state: DecodeState) -> None:

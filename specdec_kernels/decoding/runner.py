@@ -300,9 +300,32 @@ class ModelRunner:
             self._previous_attention = None
             self.uses_tree_kernel = False
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
-        """An empty cache for ``batch`` requests of up to ``capacity`` rows each."""
-        return KVCache(self.num_layers, batch, capacity, self.device)
+    def new_cache(self, batch: int, capacity: int, kv_dtype: torch.dtype | None = None) -> KVCache:
+        """An empty cache for ``batch`` requests of up to ``capacity`` rows each, its K/V in
+        ``kv_dtype`` (default the model's; see :meth:`narrow_kv_dtype`).
+
+        Raises
+        ------
+        ValueError
+            A ``kv_dtype`` these forwards cannot read.
+        """
+        if kv_dtype is not None and kv_dtype != self.dtype and kv_dtype != self.narrow_kv_dtype():
+            raise ValueError(
+                f"kv_dtype={kv_dtype}: this runner's forwards read K/V in {self.dtype}"
+                + (f" or {self.narrow_kv_dtype()}" if self.narrow_kv_dtype() else "")
+                + " (a narrower cache needs a float32 model on the package's CPU kernels)"
+            )
+        return KVCache(self.num_layers, batch, capacity, self.device, dtype=kv_dtype)
+
+    def narrow_kv_dtype(self) -> torch.dtype | None:
+        """The narrower K/V dtype these forwards can read, or None: bfloat16 for a float32
+        model whose forwards run the package's CPU kernels (their tree attention widens a
+        bfloat16 cache exactly; every other attention needs K/V in the model's dtype). A
+        drafter's own cache in it halves the bytes its attention reads, at the cost of K/V
+        rounded to bfloat16: draft quality, never the output (the target's cache stays)."""
+        if self.dtype == torch.float32 and self.device.type == "cpu" and self.cpu_kernels:
+            return torch.bfloat16
+        return None
 
     # ------------------------------------------------------------------ forwards
 

@@ -204,10 +204,12 @@ def block_mask_forward_kwargs(
     return {"position_ids": position_ids, "attention_mask": mask}
 
 
-def _sdpa_forward(*args, **kwargs):
+def _sdpa_forward(module, query, key, value, *args, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(*args, **kwargs)
+    if key.dtype != query.dtype:  # a narrow cache (KVCache's dtype) widens for sdpa
+        key, value = key.to(query.dtype), value.to(query.dtype)
+    return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
 
 
 def _windowed_tree_mask(meta: TreeAttentionMetadata, cache_lens: Tensor, key_length: int,

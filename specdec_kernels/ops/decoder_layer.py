@@ -242,7 +242,9 @@ def decoder_stack_(
         ``[>= L, 2, B, Hkv, S, D]`` (:attr:`KVCache.buffer
         <specdec_kernels.decoding.cache.KVCache.buffer>`): layer ``l``'s keys and values. The
         block's K/V are written (in place) at rows ``write_start .. write_start + T - 1`` of
-        every request, or at ``write_index``.
+        every request, or at ``write_index``. ``hidden``'s dtype, or bfloat16/float16 under
+        float32 ``hidden`` on CPU (the K/V rounded as they are written; see
+        :func:`~specdec_kernels.ops.tree_attention`).
     write_start : int
         First row of the block (every request), when ``write_index`` is None.
     write_index : Tensor, optional

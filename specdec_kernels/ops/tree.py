@@ -183,7 +183,9 @@ def tree_attention(
         dimension contiguous, other strides free).
     k_cache, v_cache : Tensor
         ``[B, Hkv, S, D]``, same dtype as ``q``, with the tree's K/V already written at rows
-        ``cache_lens[b] + j``. ``Hq`` must be a multiple of ``Hkv`` (GQA/MQA: query head ``i``
+        ``cache_lens[b] + j``. On CPU, under float32 ``q``, both may also be bfloat16 or
+        float16 (half the bytes read per key; widened to float32 exactly where they are used,
+        so the result is the bits of their float32 copy). ``Hq`` must be a multiple of ``Hkv`` (GQA/MQA: query head ``i``
         reads KV head ``i // (Hq // Hkv)``).
     cache_lens : Tensor
         ``[B]`` int32/int64 prefix length of each request; ``cache_lens[b] + T <= S``.
