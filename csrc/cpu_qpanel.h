@@ -16,6 +16,8 @@
 //   int8: qweight [N / 16, K / 32, 512] int8: byte 64 j + 4 r + i (j < 8) is value 4 j + i of
 //     row 16 p + r's block b.
 //   scales, mins [N / 16, K / 32, 16] float32 or float16: entry r of (p, b) is row 16 p + r's.
+//   int8 in groups of 16 (a GGUF Q6_K's sub-blocks; no mins): scales [N / 16, K / 32, 32], entry
+//     16 h + r of (p, b) is row 16 p + r's scale of the block's half h (values 16 h .. 16 h + 15).
 //
 // Arithmetic of one output, identical on every instruction set (the integer sums are exact and
 // the float operations are the same fused ones in the same order), and independent of M, of a
@@ -25,7 +27,9 @@
 //                      acc = fma(min_b, xsum_b, acc)            (with mins)
 // where isum_b is the exact integer dot product of the block's 32 weight and x values, xscale_b
 // and the int8 x values come from quantizing the x row per block of 32 (the row layout's
-// quantizer), and xsum_b = float(sum of the block's int8 x values) * xscale_b.
+// quantizer), and xsum_b = float(sum of the block's int8 x values) * xscale_b. In groups of 16
+// the block's halves are two such terms, half 0 first:
+//                      acc = fma(float(isum_bh), scale_bh * xscale_b, acc)   (h = 0, 1)
 #pragma once
 
 #include <c10/util/Half.h>
@@ -51,12 +55,13 @@ constexpr int kOperands = 8;
 constexpr int kPrefetchBlocks = 16;
 
 // x rows quantized for the panel tiles: int8 in K order, per block a scale, the dequantized
-// sum (the min term's factor) and the integer sum (int8 weights' offset, below).
+// sum (the min term's factor) and the integer sum (int8 weights' offset, below), and the
+// integer sums of its two halves (the same offset in groups of 16).
 struct PanelRows {
   int64_t rows = 0, K = 0, blocks = 0;
   std::vector<int8_t> q;
   std::vector<float> scale, sum;
-  std::vector<int32_t> isum;
+  std::vector<int32_t> isum, half_isum;
 };
 
 // x's rows with room for their quantized blocks (filled by quantize_blocks).
@@ -69,6 +74,7 @@ inline PanelRows empty_rows(int64_t rows, int64_t K) {
   out.scale.resize(rows * out.blocks);
   out.sum.resize(rows * out.blocks);
   out.isum.resize(rows * out.blocks);
+  out.half_isum.resize(2 * rows * out.blocks);
   return out;
 }
 
@@ -99,6 +105,8 @@ void quantize_blocks(const T* x, PanelRows& out, int64_t begin, int64_t end, int
     const float scale = amax / 127.0f;
     out.scale[e] = scale;
     out.isum[e] = half_sum[0] + half_sum[1];
+    out.half_isum[2 * e] = half_sum[0];
+    out.half_isum[2 * e + 1] = half_sum[1];
     out.sum[e] = static_cast<float>(out.isum[e]) * scale;
   }
 }
@@ -116,23 +124,28 @@ struct RowData {
   const float* scale;   // per block
   const float* sum;     // per block
   const int32_t* isum;  // per block
+  const int32_t* half_isum;  // per block, 2
 
   RowData() = default;
   RowData(const PanelRows& x, int64_t m)
       : q(reinterpret_cast<const int32_t*>(x.q.data() + m * x.K)),
         scale(x.scale.data() + m * x.blocks),
         sum(x.sum.data() + m * x.blocks),
-        isum(x.isum.data() + m * x.blocks) {}
+        isum(x.isum.data() + m * x.blocks),
+        half_isum(x.half_isum.data() + 2 * m * x.blocks) {}
 };
 
 // The weights of one call.
 template <typename S>
 struct PanelWeights {
   const uint8_t* q;  // [panels, blocks, block_bytes]
-  const S* scale;    // [panels, blocks, 16]
-  const S* min;      // like scale, or nullptr
+  const S* scale;    // [panels, blocks, 16], or [panels, blocks, 32] in groups of 16
+  const S* min;      // like scale, or nullptr (always in groups of 16)
   int64_t blocks;
 };
+
+// Scales per (panel, block): one per row, or one per row and half.
+constexpr int scales_per_block(bool halves) { return halves ? 2 * 16 : 16; }
 
 // Rows m0 .. m0 + MR - 1 of x against panel p: out[m * ldo + r] for the panel's 16 rows.
 template <typename S>
@@ -158,7 +171,7 @@ inline int32_t panel_value(const uint8_t* v, int j, int r, int i) {
 
 // ----------------------------------------------------------------------------- portable
 
-template <typename S, int MR, bool kInt4>
+template <typename S, int MR, bool kInt4, bool kHalves>
 void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
                          float* out, int64_t ldo) {
   const uint8_t* wp = w.q + p * w.blocks * block_bytes(kInt4);
@@ -170,11 +183,22 @@ void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& 
       for (int64_t b = 0; b < w.blocks; ++b) {
         const uint8_t* v = wp + b * block_bytes(kInt4);
         const int8_t* xb = xq + b * kBlock;
+        const float xscale = x.scale[m * x.blocks + b];
+        if constexpr (kHalves) {
+          for (int h = 0; h < 2; ++h) {
+            int32_t isum = 0;
+            for (int j = 4 * h; j < 4 * h + 4; ++j)
+              for (int i = 0; i < 4; ++i) isum += panel_value<kInt4>(v, j, r, i) * xb[4 * j + i];
+            const int64_t e = (p * w.blocks + b) * 2 * kPanelRows + h * kPanelRows + r;
+            acc = std::fma(static_cast<float>(isum), to_float(w.scale[e]) * xscale, acc);
+          }
+          continue;
+        }
         int32_t isum = 0;
         for (int j = 0; j < kOperands; ++j)
           for (int i = 0; i < 4; ++i) isum += panel_value<kInt4>(v, j, r, i) * xb[4 * j + i];
         const int64_t e = (p * w.blocks + b) * kPanelRows + r;
-        const float combined = to_float(w.scale[e]) * x.scale[m * x.blocks + b];
+        const float combined = to_float(w.scale[e]) * xscale;
         acc = std::fma(static_cast<float>(isum), combined, acc);
         if (w.min != nullptr) acc = std::fma(to_float(w.min[e]), x.sum[m * x.blocks + b], acc);
       }
@@ -262,16 +286,39 @@ struct Operands512 {
     if constexpr (!kInt4 && kVnni) sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(128 * x_sum));
     return sum;
   }
+
+  // int8 in groups of 16: the exact sums of the block's two halves (operands 0-3 and 4-7).
+  SPECDEC_TARGET_AVX512VNNI inline void dot_halves(const int32_t* q, const int32_t* half_sums,
+                                                   __m512i sums[2]) const {
+    static_assert(!kInt4, "groups of 16 are int8");
+    sums[0] = sums[1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < kOperands; ++j) {
+      if constexpr (kVnni) {
+        asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(sums[j / 4]) : "v"(w[j]), "m"(q[j]));
+      } else {
+        const __m512i xv = _mm512_mask_sub_epi8(_mm512_set1_epi32(q[j]), negative[j],
+                                                _mm512_setzero_si512(), _mm512_set1_epi32(q[j]));
+        sums[j / 4] = _mm512_add_epi32(
+            sums[j / 4], _mm512_madd_epi16(_mm512_maddubs_epi16(w[j], xv), _mm512_set1_epi16(1)));
+      }
+    }
+    if constexpr (kVnni) {
+      sums[0] = _mm512_sub_epi32(sums[0], _mm512_set1_epi32(128 * half_sums[0]));
+      sums[1] = _mm512_sub_epi32(sums[1], _mm512_set1_epi32(128 * half_sums[1]));
+    }
+  }
 };
 
-template <typename S, int MR, bool kInt4, bool kVnni>
+template <typename S, int MR, bool kInt4, bool kVnni, bool kHalves>
 SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
                                                  const PanelWeights<S>& w, int64_t p, float* out,
                                                  int64_t ldo) {
   constexpr int kBytes = block_bytes(kInt4);
+  constexpr int kScales = scales_per_block(kHalves);
   const int64_t blocks = w.blocks;
   const uint8_t* wp = w.q + p * blocks * kBytes;
-  const S* ws = w.scale + p * blocks * kPanelRows;
+  const S* ws = w.scale + p * blocks * kScales;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows : nullptr;
   __m512 acc[MR];
   RowData row[MR];
@@ -283,6 +330,18 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
 #pragma GCC unroll 8
     for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
+    if constexpr (kHalves) {
+      const __m512 scale0 = load16(ws + b * kScales), scale1 = load16(ws + b * kScales + kPanelRows);
+#pragma GCC unroll 8
+      for (int m = 0; m < MR; ++m) {
+        __m512i sums[2];
+        operands.dot_halves(row[m].q + b * 8, row[m].half_isum + 2 * b, sums);
+        const __m512 xscale = _mm512_set1_ps(row[m].scale[b]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[0]), _mm512_mul_ps(scale0, xscale), acc[m]);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[1]), _mm512_mul_ps(scale1, xscale), acc[m]);
+      }
+      continue;
+    }
     const __m512 scale = load16(ws + b * kPanelRows);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
@@ -361,15 +420,38 @@ struct Operands256 {
     if constexpr (!kInt4 && kVnni) sum = _mm256_sub_epi32(sum, _mm256_set1_epi32(128 * x_sum));
     return sum;
   }
+
+  // int8 in groups of 16: the exact sums of the block's two halves (operands 0-3 and 4-7).
+  SPECDEC_TARGET_AVX2_VNNI inline void dot_halves(const int32_t* q, const int32_t* half_sums,
+                                                  __m256i sums[2]) const {
+    static_assert(!kInt4, "groups of 16 are int8");
+    sums[0] = sums[1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int j = 0; j < kOperands; ++j) {
+      __m256i xv = _mm256_set1_epi32(q[j]);
+      if constexpr (kVnni) {
+        sums[j / 4] = _mm256_dpbusd_avx_epi32(sums[j / 4], w[j], xv);
+      } else {
+        xv = _mm256_sign_epi8(xv, sign[j]);
+        sums[j / 4] = _mm256_add_epi32(
+            sums[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], xv), _mm256_set1_epi16(1)));
+      }
+    }
+    if constexpr (kVnni) {
+      sums[0] = _mm256_sub_epi32(sums[0], _mm256_set1_epi32(128 * half_sums[0]));
+      sums[1] = _mm256_sub_epi32(sums[1], _mm256_set1_epi32(128 * half_sums[1]));
+    }
+  }
 };
 
-template <typename S, int MR, bool kInt4, bool kVnni>
+template <typename S, int MR, bool kInt4, bool kVnni, bool kHalves>
 SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w,
                                               int64_t p, int h, float* out, int64_t ldo) {
   constexpr int kBytes = block_bytes(kInt4);
+  constexpr int kScales = scales_per_block(kHalves);
   const int64_t blocks = w.blocks;
   const uint8_t* wp = w.q + p * blocks * kBytes + 32 * h;
-  const S* ws = w.scale + p * blocks * kPanelRows + 8 * h;
+  const S* ws = w.scale + p * blocks * kScales + 8 * h;
   const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows + 8 * h : nullptr;
   __m256 acc[MR];
   RowData row[MR];
@@ -381,6 +463,18 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
 #pragma GCC unroll 8
     for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
+    if constexpr (kHalves) {
+      const __m256 scale0 = load8(ws + b * kScales), scale1 = load8(ws + b * kScales + kPanelRows);
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        __m256i sums[2];
+        operands.dot_halves(row[m].q + b * 8, row[m].half_isum + 2 * b, sums);
+        const __m256 xscale = _mm256_set1_ps(row[m].scale[b]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[0]), _mm256_mul_ps(scale0, xscale), acc[m]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[1]), _mm256_mul_ps(scale1, xscale), acc[m]);
+      }
+      continue;
+    }
     const __m256 scale = load8(ws + b * kPanelRows);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
@@ -397,11 +491,11 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
   for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + m * ldo + 8 * h, acc[m]);
 }
 
-template <typename S, int MR, bool kInt4, bool kVnni>
+template <typename S, int MR, bool kInt4, bool kVnni, bool kHalves>
 void panel_tile_avx2(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p, float* out,
                      int64_t ldo) {
-  panel_half_avx2<S, MR, kInt4, kVnni>(x, m0, w, p, 0, out, ldo);
-  panel_half_avx2<S, MR, kInt4, kVnni>(x, m0, w, p, 1, out, ldo);
+  panel_half_avx2<S, MR, kInt4, kVnni, kHalves>(x, m0, w, p, 0, out, ldo);
+  panel_half_avx2<S, MR, kInt4, kVnni, kHalves>(x, m0, w, p, 1, out, ldo);
 }
 #endif  // SPECDEC_X86
 
@@ -425,46 +519,48 @@ PanelTiles<S> make_tiles(std::integer_sequence<int, MR...>) {
   return t;
 }
 
-template <typename S, bool kInt4>
+template <typename S, bool kInt4, bool kHalves>
 struct PortableP {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_portable<S, MR, kInt4>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_portable<S, MR, kInt4, kHalves>;
   };
 };
 
 #if SPECDEC_X86
-template <typename S, bool kInt4, bool kVnni>
+template <typename S, bool kInt4, bool kVnni, bool kHalves>
 struct Avx512P {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_avx512<S, MR, kInt4, kVnni>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx512<S, MR, kInt4, kVnni, kHalves>;
   };
 };
 
-template <typename S, bool kInt4, bool kVnni>
+template <typename S, bool kInt4, bool kVnni, bool kHalves>
 struct Avx2P {
   template <int MR>
   struct K {
-    static constexpr PanelTileFn<S> fn = &panel_tile_avx2<S, MR, kInt4, kVnni>;
+    static constexpr PanelTileFn<S> fn = &panel_tile_avx2<S, MR, kInt4, kVnni, kHalves>;
   };
 };
 #endif
 
-// The tiles of the best instruction set allowed (all give the same bits).
-template <typename S, bool kInt4>
+// The tiles of the best instruction set allowed (all give the same bits); kHalves: int8 in
+// groups of 16.
+template <typename S, bool kInt4, bool kHalves = false>
 const PanelTiles<S>& tiles_for(int level) {
+  static_assert(!(kInt4 && kHalves), "groups of 16 are int8");
   static const PanelTiles<S> portable =
-      make_tiles<S, PortableP<S, kInt4>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, PortableP<S, kInt4, kHalves>::template K>(std::make_integer_sequence<int, 4>{});
 #if SPECDEC_X86
   static const PanelTiles<S> avx2 =
-      make_tiles<S, Avx2P<S, kInt4, false>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, Avx2P<S, kInt4, false, kHalves>::template K>(std::make_integer_sequence<int, 4>{});
   static const PanelTiles<S> avx2_vnni =
-      make_tiles<S, Avx2P<S, kInt4, true>::template K>(std::make_integer_sequence<int, 4>{});
+      make_tiles<S, Avx2P<S, kInt4, true, kHalves>::template K>(std::make_integer_sequence<int, 4>{});
   static const PanelTiles<S> avx512 =
-      make_tiles<S, Avx512P<S, kInt4, false>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+      make_tiles<S, Avx512P<S, kInt4, false, kHalves>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
   static const PanelTiles<S> avx512_vnni =
-      make_tiles<S, Avx512P<S, kInt4, true>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
+      make_tiles<S, Avx512P<S, kInt4, true, kHalves>::template K>(std::make_integer_sequence<int, kMaxTileRows>{});
   if (level >= simd::kAvx512) return qdot::has_avx512_vnni() ? avx512_vnni : avx512;
   if (level >= simd::kAvx2) return qdot::has_avx_vnni() ? avx2_vnni : avx2;
 #endif

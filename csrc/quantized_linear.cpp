@@ -133,7 +133,8 @@ auto quantized_rows(const Operands& op, Quantize&& quantize) {
                                              : quantize(op.rows.const_data_ptr<c10::BFloat16>());
 }
 
-// The panel layout (cpu_qpanel.h): int4 or int8, group 32, 16 weight rows per panel.
+// The panel layout (cpu_qpanel.h): int4 or int8, group 32 (int8 also 16), 16 weight rows per
+// panel.
 at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qweight,
                                        const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                                        const std::optional<at::Tensor>& bias) {
@@ -147,10 +148,16 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
   TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has shape ", x.sizes(),
                     " but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
                     K / qpanel::kBlock, ", ", qpanel::block_bytes(int4), "] with K a multiple of 32");
+  // int8 in groups of 16 (a Q6_K's sub-blocks): a scale per row and half block.
+  const bool halves = !int4 && scales.dim() == 3 && scales.size(2) == qpanel::scales_per_block(true);
   TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
-                        scales.size(2) == qpanel::kPanelRows,
+                        scales.size(2) == qpanel::scales_per_block(halves),
                     "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
-                    " scales must have shape [", panels, ", ", blocks, ", 16], got ", scales.sizes());
+                    " scales must have shape [", panels, ", ", blocks, ", 16]",
+                    int4 ? "" : " (or [.., .., 32]: int8 in groups of 16)", ", got ", scales.sizes());
+  TORCH_CHECK_VALUE(!halves || !mins.has_value(),
+                    "quantized_linear: int8 panels in groups of 16 take no mins (scales of shape ",
+                    scales.sizes(), ")");
   return linear_with(x, scales, mins, bias, qweight, panels * qpanel::kPanelRows,
                      [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
@@ -163,7 +170,9 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
     });
     const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
                                     op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, blocks};
-    const auto& tiles = int4 ? qpanel::tiles_for<S, true>(op.level) : qpanel::tiles_for<S, false>(op.level);
+    const auto& tiles = int4     ? qpanel::tiles_for<S, true>(op.level)
+                        : halves ? qpanel::tiles_for<S, false, true>(op.level)
+                                 : qpanel::tiles_for<S, false>(op.level);
     qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out, tiles);
   });
 }

@@ -1,4 +1,5 @@
-"""quantized_linear's panel layout, int4 and int8 (csrc/cpu_qpanel.h): the packing and its
+"""quantized_linear's panel layout, int4 and int8 (also in groups of 16: GGUF Q6_K's
+sub-blocks) (csrc/cpu_qpanel.h): the packing and its
 inverse, the kernel against the reference on every CPU path, the same bits on every path and in any batch,
 bad input, opcheck; QuantizedWeight holding panels inside models."""
 
@@ -26,33 +27,44 @@ from specdec_kernels.models.quantized_weight import (
 SHAPES = [(1, 16, 32), (3, 48, 96), (5, 160, 576), (9, 32, 1536), (17, 16, 64), (2, 80, 352)]
 
 
-def panel_operands(m, n, k, gen, *, bits=4, mins=True, scale_dtype=torch.float32,
+def panel_operands(m, n, k, gen, *, bits=4, group=32, mins=True, scale_dtype=torch.float32,
                    dtype=torch.float32, bias=False):
-    """Random operands in the row layout and the same weight in panels."""
+    """Random operands in the row layout and the same weight in panels (groups of 16: int8,
+    no mins)."""
     x = torch.randn(m, k, generator=gen).to(dtype)
     if bits == 4:
         q = torch.randint(0, 256, (n, k // 2), generator=gen).to(torch.uint8)
     else:
         q = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
-    scales = (torch.rand(n, k // 32, generator=gen) * 0.05).to(scale_dtype)
-    mn = (torch.randn(n, k // 32, generator=gen) * 0.05).to(scale_dtype) if mins else None
+    scales = (torch.rand(n, k // group, generator=gen) * 0.05).to(scale_dtype)
+    mins = mins and group == 32
+    mn = (torch.randn(n, k // group, generator=gen) * 0.05).to(scale_dtype) if mins else None
     b = torch.randn(n, generator=gen).to(dtype) if bias else None
     packed = pack_panels(QuantizedWeight(q, scales, mn, dtype=dtype))
+    assert packed.qweight.dim() == 3
     return x, (q, scales, mn), (packed.qweight, packed.scales, packed.mins), b
 
 
 BITS = pytest.mark.parametrize("bits", [4, 8])
+#: Every panel kind: int4 and int8 in groups of 32, int8 in groups of 16.
+KINDS = pytest.mark.parametrize("bits,group", [(4, 32), (8, 32), (8, 16)])
 
 
-@BITS
+@KINDS
 @pytest.mark.parametrize("n,k", [(16, 32), (48, 96), (32, 1536)])
 @pytest.mark.parametrize("mins", [True, False])
-def test_pack_and_unpack_are_inverse(bits, n, k, mins, gen):
+def test_pack_and_unpack_are_inverse(bits, group, n, k, mins, gen):
     """The panels hold the row layout's bytes, scales and mins, moved: byte 64 j + 4 r + i of
-    (panel p, block b) is byte 4 j + i of row 16 p + r's block b."""
-    _, rows, panels, _ = panel_operands(1, n, k, gen, bits=bits, mins=mins)
+    (panel p, block b) is byte 4 j + i of row 16 p + r's block b; in groups of 16, scale
+    16 h + r of (p, b) is row 16 p + r's scale of half h."""
+    _, rows, panels, _ = panel_operands(1, n, k, gen, bits=bits, group=group, mins=mins)
     block_bytes = 256 if bits == 4 else 512
-    assert panels[0].shape == (n // 16, k // 32, block_bytes) and panels[1].shape == (n // 16, k // 32, 16)
+    scales_per_block = 16 * 32 // group
+    assert panels[0].shape == (n // 16, k // 32, block_bytes)
+    assert panels[1].shape == (n // 16, k // 32, scales_per_block)
+    if group == 16:
+        p, b = n // 16 - 1, k // 32 - 1
+        assert panels[1][p, b, 16 + 5] == rows[1][16 * p + 5, 2 * b + 1]
     back = reference.unpack_panels(*panels)
     for got, want in zip(back, rows):
         assert (got is None and want is None) or torch.equal(got, want)
@@ -62,35 +74,37 @@ def test_pack_and_unpack_are_inverse(bits, n, k, mins, gen):
     assert torch.equal(reference.dequantize_weight(*panels), reference.dequantize_weight(*rows))
 
 
-@BITS
+@pytest.mark.parametrize("bits,group,mins", [(4, 32, True), (4, 32, False), (8, 32, True),
+                                              (8, 32, False), (8, 16, False)])
 @pytest.mark.parametrize("m,n,k", SHAPES)
-@pytest.mark.parametrize("mins", [True, False])
 @pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
-def test_every_cpu_path_matches_reference(cpu_isa, bits, m, n, k, mins, scale_dtype, gen):
-    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, mins=mins, scale_dtype=scale_dtype,
-                                     bias=True)
+def test_every_cpu_path_matches_reference(cpu_isa, bits, group, m, n, k, mins, scale_dtype, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, group=group, mins=mins,
+                                     scale_dtype=scale_dtype, bias=True)
     got = ops.quantized_linear(x, *panels, b)
     want = reference.quantized_linear(x, *panels, b)
     assert got.shape == (m, n) and got.dtype == x.dtype
     torch.testing.assert_close(got, want, **tolerance(x.dtype, want))
 
 
-@BITS
+@KINDS
 @pytest.mark.parametrize("m,n,k", SHAPES[::2])
-def test_bfloat16_activations(bits, m, n, k, gen):
-    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, dtype=torch.bfloat16, bias=True)
+def test_bfloat16_activations(bits, group, m, n, k, gen):
+    x, _, panels, b = panel_operands(m, n, k, gen, bits=bits, group=group, dtype=torch.bfloat16,
+                                     bias=True)
     got = ops.quantized_linear(x, *panels, b)
     want = reference.quantized_linear(x, *panels, b)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want.float(), **tolerance(torch.bfloat16, want.float()))
 
 
-@BITS
-def test_every_cpu_path_gives_the_same_bits(bits, gen):
+@KINDS
+def test_every_cpu_path_gives_the_same_bits(bits, group, gen):
     """Exact integer sums, then the same fused float operations in the same order: the
     portable, AVX2 and AVX-512 paths agree bit for bit (unlike the row layout's)."""
-    x, _, panels, b = panel_operands(11, 96, 608, gen, bits=bits, bias=True)
-    xh, _, half_panels, _ = panel_operands(3, 32, 96, gen, bits=bits, scale_dtype=torch.float16)
+    x, _, panels, b = panel_operands(11, 96, 608, gen, bits=bits, group=group, bias=True)
+    xh, _, half_panels, _ = panel_operands(3, 32, 96, gen, bits=bits, group=group,
+                                           scale_dtype=torch.float16)
     results = {}
     try:
         for isa in ("portable", "avx2", "avx512"):
@@ -107,11 +121,11 @@ def test_every_cpu_path_gives_the_same_bits(bits, gen):
 ROWS = 41
 
 
-@BITS
+@KINDS
 @pytest.mark.parametrize("k", [96, 1536])
-def test_batch_invariant(cpu_isa, bits, k, gen):
+def test_batch_invariant(cpu_isa, bits, group, k, gen):
     """Each row is bit-identical alone, in any batch and at any position."""
-    x, _, panels, b = panel_operands(ROWS, 64, k, gen, bits=bits, bias=True)
+    x, _, panels, b = panel_operands(ROWS, 64, k, gen, bits=bits, group=group, bias=True)
     alone = torch.cat([ops.quantized_linear(x[i : i + 1], *panels, b) for i in range(ROWS)])
     for m in (2, 3, 4, 5, 8, 9, 16, 17, 33, ROWS):
         for start in (0, ROWS - m, (ROWS - m) // 3):
@@ -172,11 +186,18 @@ def test_bad_input(device, gen):
         ops.quantized_linear(x.half(), q, s, mn)
     with pytest.raises(ValueError, match="qweight"):
         ops.quantized_linear(x, q.view(1, 2, 2, 256), s, mn)
+    # Groups of 16: int8 only, without mins.
+    with pytest.raises(ValueError, match="scales must have shape"):
+        ops.quantized_linear(x, q, torch.cat([s, s], -1), None)
+    x8, _, (q8, s8, _), _ = panel_operands(2, 32, 64, gen, bits=8, group=16)
+    assert s8.shape == (2, 2, 32)
+    with pytest.raises(ValueError, match="take no mins"):
+        ops.quantized_linear(x8, q8, s8, s8)
 
 
-@BITS
-def test_opcheck(bits, gen):
-    x, _, panels, b = panel_operands(3, 32, 96, gen, bits=bits, bias=True)
+@KINDS
+def test_opcheck(bits, group, gen):
+    x, _, panels, b = panel_operands(3, 32, 96, gen, bits=bits, group=group, bias=True)
     torch.library.opcheck(torch.ops.specdec.quantized_linear.default, (x, *panels, b))
 
 
@@ -184,12 +205,14 @@ def test_opcheck(bits, gen):
 
 
 def test_what_fits_the_panels(gen):
-    """Group 32 with N a multiple of 16 is packed; anything else is left as it is."""
-    for bits in (4, 8):
-        assert pack_panels(quantize_weight(torch.randn(32, 64, generator=gen), bits, 32)).qweight.dim() == 3
+    """Group 32 (int8 also 16) with N a multiple of 16 and K of 32 is packed; anything else
+    is left as it is."""
+    for bits, group in ((4, 32), (8, 32), (8, 16)):
+        weight = quantize_weight(torch.randn(32, 64, generator=gen), bits, group)
+        assert pack_panels(weight).qweight.dim() == 3
     for weight in (quantize_weight(torch.randn(24, 64, generator=gen), 4, 32),  # N
                    quantize_weight(torch.randn(32, 128, generator=gen), 4, 64),  # group
-                   quantize_weight(torch.randn(32, 64, generator=gen), 8, 16)):  # group
+                   quantize_weight(torch.randn(32, 48, generator=gen), 8, 16)):  # K
         assert pack_panels(weight) is weight
 
 
@@ -211,6 +234,18 @@ def test_panel_weight_in_a_module(bits, gen):
         assert torch.equal(F.embedding(ids, qw), rows.dequantize()[ids])
     assert qw.to("cpu") is qw and qw.to(torch.bfloat16).dtype == torch.bfloat16
     assert resident_bytes(linear) == rows.nbytes_resident + 48 * 4
+
+
+@KINDS
+def test_rows_of_a_panel_weight_are_the_row_layouts(bits, group, gen):
+    """Gathering rows (an embedding lookup) from panels reads each row's bytes and scales where
+    the packing put them, in every kind."""
+    rows = quantize_weight(torch.randn(48, 96, generator=gen), bits, group)
+    panels = pack_panels(rows)
+    assert panels.qweight.dim() == 3 and panels.group == group
+    ids = torch.tensor([[0, 47, 17], [16, 5, 31]])
+    assert torch.equal(F.embedding(ids, panels), rows.dequantize()[ids])
+    assert torch.equal(panels.dequantize(), rows.dequantize())
 
 
 def test_pack_model_panels_keeps_ties(gen):
@@ -249,8 +284,8 @@ from specdec_kernels import ops
 from python_tests.test_quantized_panels import panel_operands
 gen = torch.Generator().manual_seed(5)
 out = []
-for bits in (4, 8):
-    x, _, panels, _ = panel_operands(6, 48, 320, gen, bits=bits)
+for bits, group in ((4, 32), (8, 32), (8, 16)):
+    x, _, panels, _ = panel_operands(6, 48, 320, gen, bits=bits, group=group)
     out.append(ops.quantized_linear(x, *panels))
 torch.save(out, sys.argv[1])
 """

@@ -581,7 +581,9 @@ def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
     ``qweight [N / 16, K / 32, 64 V]`` (``V`` = 4 vectors of int4 pairs, uint8, or 8 of int8;
     byte ``64 j + 4 r + i`` of panel ``p``, block ``b`` is byte ``4 j + i`` of row
     ``16 p + r``'s block ``b``) to ``[N, K / 2]`` uint8 or ``[N, K]`` int8; scales and mins
-    ``[N / 16, K / 32, 16]`` to ``[N, K / 32]``. A pure permutation of bytes and values.
+    ``[N / 16, K / 32, 16]`` to ``[N, K / 32]`` (int8 in groups of 16: scales
+    ``[N / 16, K / 32, 32]``, entry ``16 h + r`` half ``h`` of row ``r``'s block, to
+    ``[N, K / 16]``). A pure permutation of bytes and values.
 
     Returns ``(qweight, scales, mins)`` in the row layout.
     """
@@ -591,7 +593,11 @@ def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
     rows = rows.reshape(panels * 16, blocks * vectors * 4)
 
     def per_row(t):
-        return None if t is None else t.permute(0, 2, 1).reshape(panels * 16, blocks)
+        if t is None:
+            return None
+        if t.shape[2] == 32:  # two halves per block
+            return t.view(panels, blocks, 2, 16).permute(0, 3, 1, 2).reshape(panels * 16, 2 * blocks)
+        return t.permute(0, 2, 1).reshape(panels * 16, blocks)
 
     return rows, per_row(scales), per_row(mins)
 

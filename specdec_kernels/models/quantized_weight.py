@@ -73,6 +73,8 @@ class QuantizedWeight(Tensor):
     @property
     def group(self) -> int:
         """Values per scale along K."""
+        if self.qweight.dim() == 3:  # panels: 16 scales (or 32, two per row) a block of 32
+            return PANEL_GROUP * PANEL_ROWS // self.scales.shape[2]
         return self.shape[1] // self.scales.shape[1]
 
     @property
@@ -113,7 +115,11 @@ class QuantizedWeight(Tensor):
         qweight = self.qweight.view(panels, blocks, vectors, PANEL_ROWS, 4)[panel, :, :, lane, :]
 
         def per_row(t):
-            return None if t is None else t[panel, :, lane]
+            if t is None:
+                return None
+            if t.shape[2] == 2 * PANEL_ROWS:  # two halves a block (groups of 16)
+                return t.view(panels, blocks, 2, PANEL_ROWS)[panel, :, :, lane].reshape(rows.shape[0], -1)
+            return t[panel, :, lane]
 
         return (qweight.reshape(rows.shape[0], blocks * vectors * 4), per_row(self.scales),
                 per_row(self.mins))
@@ -225,15 +231,19 @@ PANEL_ROWS, PANEL_GROUP = 16, 32
 
 
 def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
-    """``weight`` in the CPU kernel's panel layout where it fits (int4 or int8, group 32,
+    """``weight`` in the CPU kernel's panel layout where it fits (int4 or int8 in groups of 32,
+    int8 in groups of 16 without mins (a ``Q6_K``'s sub-blocks: two scales per row and block),
     ``N`` a multiple of 16, on CPU), else ``weight`` itself. Values, scales and mins are only
     moved (:func:`specdec_kernels.reference.unpack_panels` is the inverse): the kernel
     multiplies 16 weight rows per instruction there, about 2x faster than the row layout at
     every batch size on the AVX-512 path of the Zen 5 of bench/RESULTS.md, with other rounding
     (the results are not the row layout's bits, and are the same on every instruction set)."""
     q = weight.qweight
-    if (q.dim() != 2 or q.dtype not in (torch.uint8, torch.int8) or weight.group != PANEL_GROUP
-            or weight.shape[0] % PANEL_ROWS or q.device.type != "cpu"):
+    halves = q.dtype == torch.int8 and weight.group == PANEL_GROUP // 2 and weight.mins is None
+    if (q.dim() != 2 or q.dtype not in (torch.uint8, torch.int8)
+            or not (weight.group == PANEL_GROUP or halves)
+            or weight.shape[0] % PANEL_ROWS or weight.shape[1] % PANEL_GROUP
+            or q.device.type != "cpu"):
         return weight
     panels, blocks = weight.shape[0] // PANEL_ROWS, weight.shape[1] // PANEL_GROUP
     vectors = 4 if q.dtype == torch.uint8 else 8  # of 16 rows x 4 bytes per block
@@ -241,7 +251,12 @@ def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
     packed = packed.reshape(panels, blocks, 64 * vectors)
 
     def per_panel(t):
-        return None if t is None else t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()
+        if t is None:
+            return None
+        if halves:  # [N, 2 K / 32] -> [panels, blocks, 2 (half), 16 (row)]
+            return t.reshape(panels, PANEL_ROWS, blocks, 2).permute(0, 2, 3, 1).reshape(
+                panels, blocks, 2 * PANEL_ROWS).contiguous()
+        return t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()
 
     return QuantizedWeight(packed.contiguous(), per_panel(weight.scales), per_panel(weight.mins),
                            dtype=weight.dtype, kind=weight.kind)

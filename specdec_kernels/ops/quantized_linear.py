@@ -48,10 +48,13 @@ def quantized_linear(
         (:func:`specdec_kernels.models.quantized_weight.pack_panels`); one integer
         dot-product instruction then advances 16 outputs, about 2x faster at every M on
         AVX-512; the sums run in another order, so the bits differ from the row layout's,
-        and are the same on every instruction set.
+        and are the same on every instruction set. Int8 panels also take groups of 16 (a GGUF
+        ``Q6_K``'s sub-blocks), with two scales per row and block of 32.
     scales : Tensor
         ``[N, K / G]`` float32 or float16; the group ``G`` is a power of two, at least 16 for
-        int8 and 32 for int4. Panels: ``[N / 16, K / 32, 16]``.
+        int8 and 32 for int4. Panels: ``[N / 16, K / 32, 16]``, entry ``r`` for row ``16 p + r``;
+        int8 panels in groups of 16: ``[N / 16, K / 32, 32]``, entry ``16 h + r`` for the
+        block's half ``h`` (no ``mins``).
     mins : Tensor, optional
         Same shape and dtype as ``scales``; zero when omitted.
     bias : Tensor, optional
