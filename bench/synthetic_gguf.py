@@ -7,10 +7,14 @@ The default is Qwen2.5-1.5B-Instruct's shape (28 layers, hidden 1536, MLP 8960, 
 2 KV heads, vocabulary 151936, tied embeddings) in llama.cpp's ``Q4_K_M`` mix: ``Q6_K`` for the
 tied embedding / output matrix and for ``attn_v`` and ``ffn_down`` in the layers llama.cpp gives
 more bits (the first and last eighth, and every third in between), ``Q4_K`` for the other
-matrices, float32 norms and biases. The tokenizer is the default model's (its 49152 tokens and
-merges), padded with unused tokens to the vocabulary.
+matrices, float32 norms and biases; rows whose length is not a multiple of 256 take llama.cpp's
+fallbacks (``Q5_0`` for ``Q4_K``, ``Q8_0`` for ``Q6_K``: Qwen2.5-0.5B's hidden size is 896). The
+tokenizer is the default model's (its 49152 tokens and merges), padded with unused tokens to
+the vocabulary.
 
     python3 -m bench.synthetic_gguf --out /tmp/qwen2.5-1.5b-shape-q4_k_m.gguf
+    python3 -m bench.synthetic_gguf --out /tmp/qwen2.5-0.5b-shape-q4_k_m.gguf --layers 24 \
+        --hidden 896 --intermediate 4864 --heads 14
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import numpy as np
 
 QWEN25_15B = dict(layers=28, hidden=1536, intermediate=8960, heads=12, kv_heads=2, vocab=151936)
 
-#: Bytes of one 256-value super-block, and where its float16 scales sit.
-Q4_K_BYTES, Q6_K_BYTES = 144, 210
+#: Bytes of one block (256 values for the K types, 32 for the others).
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22, "Q8_0": 34}
+#: llama.cpp's type for rows that are not a multiple of 256 values.
+FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 
 
 def more_bits(layer: int, layers: int) -> bool:
@@ -35,19 +41,26 @@ def more_bits(layer: int, layers: int) -> bool:
 
 
 def random_blocks(rng, rows: int, cols: int, kind: str) -> np.ndarray:
-    """``[rows, cols / 256 * bytes]`` uint8 of random ``Q4_K`` or ``Q6_K`` super-blocks with
-    weights of mean about zero and standard deviation about 0.03 to 0.05 (``Q4_K``: ``d sc q -
-    dmin mn`` with ``sc, mn, q`` uniform, so ``dmin = 7.5 d`` centres it), so that attention
-    scores stay moderate and the activations finite through the layers."""
-    if cols % 256:
-        raise ValueError(f"K-quant rows need a multiple of 256 columns, got {cols}")
-    size = Q4_K_BYTES if kind == "Q4_K" else Q6_K_BYTES
-    blocks = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    """``[rows, cols / block * bytes]`` uint8 of random blocks of ``kind`` (``Q4_K``, ``Q6_K``,
+    ``Q5_0``, ``Q8_0``) with weights of mean about zero and standard deviation about 0.03 to
+    0.05 (``Q4_K``: ``d sc q - dmin mn`` with ``sc, mn, q`` uniform, so ``dmin = 7.5 d`` centres
+    it), so that attention scores stay moderate and the activations finite through the
+    layers."""
+    values = 256 if kind.endswith("_K") else 32
+    if cols % values:
+        raise ValueError(f"{kind} rows need a multiple of {values} columns, got {cols}")
+    blocks = rng.integers(0, 256, (rows, cols // values, BLOCK_BYTES[kind]), dtype=np.uint8)
+
+    def f16(at, value):
+        blocks[..., at : at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+
     if kind == "Q4_K":  # d, dmin (float16) first
-        blocks[..., 0:2] = np.frombuffer(np.float16(2e-4).tobytes(), np.uint8)
-        blocks[..., 2:4] = np.frombuffer(np.float16(1.5e-3).tobytes(), np.uint8)
-    else:  # ql[128], qh[64], scales[16] (int8), d (float16) last
-        blocks[..., 208:210] = np.frombuffer(np.float16(2e-5).tobytes(), np.uint8)
+        f16(0, 2e-4)
+        f16(2, 1.5e-3)
+    elif kind == "Q6_K":  # ql[128], qh[64], scales[16] (int8), d (float16) last
+        f16(208, 2e-5)
+    else:  # d (float16) first: Q5_0 values -16..15, Q8_0 -128..127
+        f16(0, 3e-3 if kind == "Q5_0" else 4e-4)
     return blocks.reshape(rows, -1)
 
 
@@ -109,11 +122,13 @@ def write(out: Path, *, layers: int, hidden: int, intermediate: int, heads: int,
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     copy_tokenizer(writer, default_tokenizer_file(), vocab)
 
-    kinds = {"Q4_K": gguf.GGMLQuantizationType.Q4_K, "Q6_K": gguf.GGMLQuantizationType.Q6_K}
-    counts = {"Q4_K": 0, "Q6_K": 0}
+    counts = {kind: 0 for kind in BLOCK_BYTES}
 
     def matrix(name, rows, cols, kind):
-        writer.add_tensor(name, random_blocks(rng, rows, cols, kind), raw_dtype=kinds[kind])
+        if cols % 256:
+            kind = FALLBACK[kind]
+        writer.add_tensor(name, random_blocks(rng, rows, cols, kind),
+                          raw_dtype=gguf.GGMLQuantizationType[kind])
         counts[kind] += 1
 
     def vector(name, values):
@@ -138,7 +153,8 @@ def write(out: Path, *, layers: int, hidden: int, intermediate: int, heads: int,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return {"file": str(out), "bytes": out.stat().st_size, "tensors": counts}
+    return {"file": str(out), "bytes": out.stat().st_size,
+            "tensors": {kind: n for kind, n in counts.items() if n}}
 
 
 def main(argv=None) -> dict:
