@@ -18,6 +18,12 @@
 //   scales, mins [N / 16, K / 32, 16] float32 or float16: entry r of (p, b) is row 16 p + r's.
 //   int8 in groups of 16 (a GGUF Q6_K's sub-blocks; no mins): scales [N / 16, K / 32, 32], entry
 //     16 h + r of (p, b) is row 16 p + r's scale of the block's half h (values 16 h .. 16 h + 15).
+//   K-quant scales as the file holds them (GGUF Q4_K, Q5_K, Q6_K; K a multiple of 256): int8
+//     [N / 16, K / 256, 8 E + 32] with E the entries a block has above (16, or 32 in groups of
+//     16): per super-block of 8 blocks, block j's E int8 sub-scales at bytes E j .., then the 16
+//     rows' float16 super-scale d at bytes 8 E + 2 r. The scale is d * sub (exact in float32:
+//     11 by 8 significant bits), so these give the bits of the float32 scales they encode, in
+//     about a sixth of the bytes. Mins alike (E = 16) with min = -(dmin * sub).
 //
 // Arithmetic of one output, identical on every instruction set (the integer sums are exact and
 // the float operations are the same fused ones in the same order), and independent of M, of a
@@ -36,6 +42,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_qdot.h"
@@ -147,13 +155,37 @@ struct PanelWeights {
 // Scales per (panel, block): one per row, or one per row and half.
 constexpr int scales_per_block(bool halves) { return halves ? 2 * 16 : 16; }
 
+// The element type of K-quant scales as the file holds them (layout above).
+struct KScale {
+  int8_t raw;
+};
+constexpr int kSuperBlock = 8;  // blocks of 32 per K-quant super-block of 256 values
+
+// Elements of S per (panel, block) of a panel's scales with `entries` a block: K-quant
+// super-blocks hold 8 entries-wide blocks and 32 bytes of float16 super-scales.
+template <typename S>
+constexpr int64_t scale_stride(int entries) {
+  return std::is_same_v<S, KScale> ? entries + 32 / kSuperBlock : entries;
+}
+
+// Entry i of block b's scales (or mins: negated products for K-quants) from a panel's start.
+template <int kEntries, bool kMin, typename S>
+inline float scale_at(const S* panel, int64_t b, int i) {
+  if constexpr (std::is_same_v<S, KScale>) {
+    const int8_t* super = &panel[(b / kSuperBlock) * kSuperBlock * scale_stride<S>(kEntries)].raw;
+    c10::Half d;
+    std::memcpy(&d, super + kSuperBlock * kEntries + 2 * (i % kPanelRows), sizeof(d));
+    const float product = static_cast<float>(d) * static_cast<float>(super[(b % kSuperBlock) * kEntries + i]);
+    return kMin ? -product : product;
+  } else {
+    return static_cast<float>(panel[b * kEntries + i]);
+  }
+}
+
 // Rows m0 .. m0 + MR - 1 of x against panel p: out[m * ldo + r] for the panel's 16 rows.
 template <typename S>
 using PanelTileFn = void (*)(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
                              float* out, int64_t ldo);
-
-inline float to_float(float v) { return v; }
-inline float to_float(c10::Half v) { return static_cast<float>(v); }
 
 // Operand j of a block meets x values 4 j' .. 4 j' + 3 with j' = x_group(j): int4 operands are
 // the 4 vectors' low nibbles (values 4 j ..) then their high nibbles (values 16 + 4 j ..), which
@@ -174,7 +206,10 @@ inline int32_t panel_value(const uint8_t* v, int j, int r, int i) {
 template <typename S, int MR, bool kInt4, bool kHalves>
 void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& w, int64_t p,
                          float* out, int64_t ldo) {
+  constexpr int kScales = scales_per_block(kHalves);
   const uint8_t* wp = w.q + p * w.blocks * block_bytes(kInt4);
+  const S* ws = w.scale + p * w.blocks * scale_stride<S>(kScales);
+  const S* wm = w.min != nullptr ? w.min + p * w.blocks * scale_stride<S>(kPanelRows) : nullptr;
   for (int mi = 0; mi < MR; ++mi) {
     const int64_t m = m0 + mi;
     const int8_t* xq = x.q.data() + m * x.K;
@@ -189,18 +224,17 @@ void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& 
             int32_t isum = 0;
             for (int j = 4 * h; j < 4 * h + 4; ++j)
               for (int i = 0; i < 4; ++i) isum += panel_value<kInt4>(v, j, r, i) * xb[4 * j + i];
-            const int64_t e = (p * w.blocks + b) * 2 * kPanelRows + h * kPanelRows + r;
-            acc = std::fma(static_cast<float>(isum), to_float(w.scale[e]) * xscale, acc);
+            const float scale = scale_at<kScales, false>(ws, b, h * kPanelRows + r);
+            acc = std::fma(static_cast<float>(isum), scale * xscale, acc);
           }
           continue;
         }
         int32_t isum = 0;
         for (int j = 0; j < kOperands; ++j)
           for (int i = 0; i < 4; ++i) isum += panel_value<kInt4>(v, j, r, i) * xb[4 * j + i];
-        const int64_t e = (p * w.blocks + b) * kPanelRows + r;
-        const float combined = to_float(w.scale[e]) * xscale;
+        const float combined = scale_at<kScales, false>(ws, b, r) * xscale;
         acc = std::fma(static_cast<float>(isum), combined, acc);
-        if (w.min != nullptr) acc = std::fma(to_float(w.min[e]), x.sum[m * x.blocks + b], acc);
+        if (wm != nullptr) acc = std::fma(scale_at<kPanelRows, true>(wm, b, r), x.sum[m * x.blocks + b], acc);
       }
       out[mi * ldo + r] = acc;
     }
@@ -225,6 +259,23 @@ void panel_tile_portable(const PanelRows& x, int64_t m0, const PanelWeights<S>& 
 SPECDEC_TARGET_AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 SPECDEC_TARGET_AVX512 inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// Entries i .. i + 15 of block b's scales (mins: kMin) from a panel's start, as scale_at.
+template <int kEntries, bool kMin, typename S>
+SPECDEC_TARGET_AVX512 inline __m512 scales16(const S* panel, int64_t b, int i) {
+  if constexpr (std::is_same_v<S, KScale>) {
+    const int8_t* super = &panel[(b / kSuperBlock) * kSuperBlock * scale_stride<S>(kEntries)].raw;
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(super + kSuperBlock * kEntries)));
+    const __m128i sub = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + (b % kSuperBlock) * kEntries + i));
+    const __m512 product = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sub)));
+    return kMin ? _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(product),
+                                                       _mm512_set1_epi32(static_cast<int>(0x80000000u))))
+                : product;
+  } else {
+    return load16(panel + b * kEntries + i);
+  }
 }
 
 // A block's 8 operands (and, for int8 without VNNI, where the weights are negative).
@@ -318,8 +369,8 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
   constexpr int kScales = scales_per_block(kHalves);
   const int64_t blocks = w.blocks;
   const uint8_t* wp = w.q + p * blocks * kBytes;
-  const S* ws = w.scale + p * blocks * kScales;
-  const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows : nullptr;
+  const S* ws = w.scale + p * blocks * scale_stride<S>(kScales);
+  const S* wm = w.min != nullptr ? w.min + p * blocks * scale_stride<S>(kPanelRows) : nullptr;
   __m512 acc[MR];
   RowData row[MR];
 #pragma GCC unroll 8
@@ -331,7 +382,8 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
     for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
     if constexpr (kHalves) {
-      const __m512 scale0 = load16(ws + b * kScales), scale1 = load16(ws + b * kScales + kPanelRows);
+      const __m512 scale0 = scales16<kScales, false>(ws, b, 0);
+      const __m512 scale1 = scales16<kScales, false>(ws, b, kPanelRows);
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) {
         __m512i sums[2];
@@ -342,14 +394,14 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
       }
       continue;
     }
-    const __m512 scale = load16(ws + b * kPanelRows);
+    const __m512 scale = scales16<kScales, false>(ws, b, 0);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       const __m512 isum = _mm512_cvtepi32_ps(operands.dot(row[m].q + b * 8, row[m].isum[b]));
       acc[m] = _mm512_fmadd_ps(isum, _mm512_mul_ps(scale, _mm512_set1_ps(row[m].scale[b])), acc[m]);
     }
     if (wm != nullptr) {
-      const __m512 min = load16(wm + b * kPanelRows);
+      const __m512 min = scales16<kPanelRows, true>(wm, b, 0);
 #pragma GCC unroll 8
       for (int m = 0; m < MR; ++m) acc[m] = _mm512_fmadd_ps(min, _mm512_set1_ps(row[m].sum[b]), acc[m]);
     }
@@ -363,6 +415,21 @@ SPECDEC_TARGET_AVX512VNNI void panel_tile_avx512(const PanelRows& x, int64_t m0,
 SPECDEC_TARGET_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 SPECDEC_TARGET_AVX2 inline __m256 load8(const c10::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Entries i .. i + 7 of block b's scales (mins: kMin) from a panel's start, as scale_at.
+template <int kEntries, bool kMin, typename S>
+SPECDEC_TARGET_AVX2 inline __m256 scales8(const S* panel, int64_t b, int i) {
+  if constexpr (std::is_same_v<S, KScale>) {
+    const int8_t* super = &panel[(b / kSuperBlock) * kSuperBlock * scale_stride<S>(kEntries)].raw;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(super + kSuperBlock * kEntries + 2 * (i % kPanelRows))));
+    const __m128i sub = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(super + (b % kSuperBlock) * kEntries + i));
+    const __m256 product = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sub)));
+    return kMin ? _mm256_xor_ps(product, _mm256_set1_ps(-0.0f)) : product;
+  } else {
+    return load8(panel + b * kEntries + i);
+  }
 }
 
 // One half of a panel's block (rows 8 h .. 8 h + 7: bytes 32 h .. 32 h + 31 of each vector).
@@ -451,8 +518,8 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
   constexpr int kScales = scales_per_block(kHalves);
   const int64_t blocks = w.blocks;
   const uint8_t* wp = w.q + p * blocks * kBytes + 32 * h;
-  const S* ws = w.scale + p * blocks * kScales + 8 * h;
-  const S* wm = w.min != nullptr ? w.min + p * blocks * kPanelRows + 8 * h : nullptr;
+  const S* ws = w.scale + p * blocks * scale_stride<S>(kScales);
+  const S* wm = w.min != nullptr ? w.min + p * blocks * scale_stride<S>(kPanelRows) : nullptr;
   __m256 acc[MR];
   RowData row[MR];
 #pragma GCC unroll 4
@@ -464,7 +531,8 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
     for (int j = 0; j < kBytes / 64; ++j) __builtin_prefetch(v + kPrefetchBlocks * kBytes + 64 * j, 0, 3);
     operands.load(v);
     if constexpr (kHalves) {
-      const __m256 scale0 = load8(ws + b * kScales), scale1 = load8(ws + b * kScales + kPanelRows);
+      const __m256 scale0 = scales8<kScales, false>(ws, b, 8 * h);
+      const __m256 scale1 = scales8<kScales, false>(ws, b, kPanelRows + 8 * h);
 #pragma GCC unroll 4
       for (int m = 0; m < MR; ++m) {
         __m256i sums[2];
@@ -475,14 +543,14 @@ SPECDEC_TARGET_AVX2_VNNI void panel_half_avx2(const PanelRows& x, int64_t m0, co
       }
       continue;
     }
-    const __m256 scale = load8(ws + b * kPanelRows);
+    const __m256 scale = scales8<kScales, false>(ws, b, 8 * h);
 #pragma GCC unroll 4
     for (int m = 0; m < MR; ++m) {
       const __m256 isum = _mm256_cvtepi32_ps(operands.dot(row[m].q + b * 8, row[m].isum[b]));
       acc[m] = _mm256_fmadd_ps(isum, _mm256_mul_ps(scale, _mm256_set1_ps(row[m].scale[b])), acc[m]);
     }
     if (wm != nullptr) {
-      const __m256 min = load8(wm + b * kPanelRows);
+      const __m256 min = scales8<kPanelRows, true>(wm, b, 8 * h);
 #pragma GCC unroll 4
       for (int m = 0; m < MR; ++m) acc[m] = _mm256_fmadd_ps(min, _mm256_set1_ps(row[m].sum[b]), acc[m]);
     }

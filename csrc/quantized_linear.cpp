@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 
 #include "cpu_qdot.h"
 #include "cpu_qpanel.h"
@@ -52,22 +53,64 @@ void qlinear_rows(const QuantizedRows& x, const QuantizedWeights<S>& w, int64_t 
   });
 }
 
+// Row tiles as even as possible over M rows of panel p (the panel stays in cache while each
+// passes over it).
+template <typename S>
+void panel_row_tiles(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w, int64_t p,
+                     int64_t N, float* out, const qpanel::PanelTiles<S>& tiles) {
+  const int64_t M = x.rows, row_tiles = (M + tiles.rows - 1) / tiles.rows;
+  int64_t m0 = 0;
+  for (int64_t r = 0; r < row_tiles; ++r) {
+    const int mr = static_cast<int>(M / row_tiles + (r < M % row_tiles ? 1 : 0));
+    tiles.table[mr - 1](x, m0, w, p, out + m0 * N + p * qpanel::kPanelRows, N);
+    m0 += mr;
+  }
+}
+
+// K-quant scales under many row tiles (a prefill): each panel's scales and mins expanded once
+// to float32, the float tiles run over them (the same values, so the same bits), instead of
+// every row tile multiplying them out again (5-6% of a 700-row prefill).
+template <int kEntries>
+void expand_panel_scales(const qpanel::KScale* panel, int64_t blocks, bool negate, float* out) {
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int i = 0; i < kEntries; ++i)
+      out[b * kEntries + i] = negate ? qpanel::scale_at<kEntries, true>(panel, b, i)
+                                     : qpanel::scale_at<kEntries, false>(panel, b, i);
+}
+
 template <typename S>
 void qlinear_panels(const qpanel::PanelRows& x, const qpanel::PanelWeights<S>& w, int64_t panels,
-                    int64_t panel_bytes, float* out, const qpanel::PanelTiles<S>& tiles) {
-  const int64_t M = x.rows, N = panels * qpanel::kPanelRows;
+                    int64_t panel_bytes, float* out, const qpanel::PanelTiles<S>& tiles,
+                    const qpanel::PanelTiles<float>* expanded_tiles = nullptr, int entries = 16) {
+  const int64_t N = panels * qpanel::kPanelRows;
   // Enough weight bytes per task to amortise the scheduling (~64 KB).
   const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, panel_bytes));
-  // Row tiles as even as possible; the panel stays in cache while each passes over it.
-  const int64_t row_tiles = (M + tiles.rows - 1) / tiles.rows;
+  const bool expand = expanded_tiles != nullptr && x.rows > 2 * tiles.rows;
   at::parallel_for(0, panels, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scales, mins;
     for (int64_t p = begin; p < end; ++p) {
-      int64_t m0 = 0;
-      for (int64_t r = 0; r < row_tiles; ++r) {
-        const int mr = static_cast<int>(M / row_tiles + (r < M % row_tiles ? 1 : 0));
-        tiles.table[mr - 1](x, m0, w, p, out + m0 * N + p * qpanel::kPanelRows, N);
-        m0 += mr;
+      if constexpr (std::is_same_v<S, qpanel::KScale>) {
+        if (expand) {
+          scales.resize(w.blocks * entries);
+          const qpanel::KScale* ws = w.scale + p * w.blocks * qpanel::scale_stride<S>(entries);
+          if (entries == 16) {
+            expand_panel_scales<16>(ws, w.blocks, false, scales.data());
+          } else {
+            expand_panel_scales<32>(ws, w.blocks, false, scales.data());
+          }
+          if (w.min != nullptr) {
+            mins.resize(w.blocks * 16);
+            expand_panel_scales<16>(w.min + p * w.blocks * qpanel::scale_stride<S>(16), w.blocks, true,
+                                    mins.data());
+          }
+          const qpanel::PanelWeights<float> one{w.q + p * panel_bytes, scales.data(),
+                                                w.min != nullptr ? mins.data() : nullptr, w.blocks};
+          // Panel 0 of `one` is panel p; its outputs are columns 16 p ...
+          panel_row_tiles(x, one, 0, N, out + p * qpanel::kPanelRows, *expanded_tiles);
+          continue;
+        }
       }
+      panel_row_tiles(x, w, p, N, out, tiles);
     }
   });
 }
@@ -90,8 +133,9 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std:
                        Tiles&& tiles) {
   const auto dtype = x.scalar_type();
   const auto scale_type = scales.scalar_type();
-  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf,
-                    "quantized_linear: scales must be float32 or float16, got ", scale_type);
+  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf || scale_type == at::kChar,
+                    "quantized_linear: scales must be float32 or float16 (or int8: K-quant panel "
+                    "scales), got ", scale_type);
   if (mins.has_value()) {
     TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
                       mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
@@ -116,8 +160,10 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std:
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (scale_type == at::kFloat) {
     tiles(float{}, op, out.mutable_data_ptr<float>());
-  } else {
+  } else if (scale_type == at::kHalf) {
     tiles(c10::Half{}, op, out.mutable_data_ptr<float>());
+  } else {
+    tiles(qpanel::KScale{}, op, out.mutable_data_ptr<float>());
   }
   if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
   return out.to(dtype).view(out_sizes);
@@ -148,13 +194,28 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
   TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has shape ", x.sizes(),
                     " but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
                     K / qpanel::kBlock, ", ", qpanel::block_bytes(int4), "] with K a multiple of 32");
+  // K-quant scales as the file holds them (int8 sub-scales and float16 super-scales, per
+  // super-block of 8 blocks; cpu_qpanel.h), or float scales per block.
+  const bool kquant = scales.scalar_type() == at::kChar;
+  auto entries_of = [&](int64_t width) { return kquant ? (width - 32) / qpanel::kSuperBlock : width; };
   // int8 in groups of 16 (a Q6_K's sub-blocks): a scale per row and half block.
-  const bool halves = !int4 && scales.dim() == 3 && scales.size(2) == qpanel::scales_per_block(true);
-  TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
-                        scales.size(2) == qpanel::scales_per_block(halves),
-                    "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
-                    " scales must have shape [", panels, ", ", blocks, ", 16]",
-                    int4 ? "" : " (or [.., .., 32]: int8 in groups of 16)", ", got ", scales.sizes());
+  const bool halves = !int4 && scales.dim() == 3 && entries_of(scales.size(2)) == qpanel::scales_per_block(true);
+  const int64_t entries = qpanel::scales_per_block(halves);
+  if (kquant) {
+    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && blocks % qpanel::kSuperBlock == 0 &&
+                          scales.size(1) == blocks / qpanel::kSuperBlock &&
+                          scales.size(2) == qpanel::kSuperBlock * entries + 32,
+                      "quantized_linear: int8 (K-quant) scales of a panel qweight of shape ",
+                      qweight.sizes(), " must have shape [", panels, ", K / 256 = ",
+                      blocks / qpanel::kSuperBlock, ", 160] (or [.., .., 288]: int8 in groups of "
+                      "16), with K a multiple of 256; got ", scales.sizes());
+  } else {
+    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
+                          scales.size(2) == entries,
+                      "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
+                      " scales must have shape [", panels, ", ", blocks, ", 16]",
+                      int4 ? "" : " (or [.., .., 32]: int8 in groups of 16)", ", got ", scales.sizes());
+  }
   TORCH_CHECK_VALUE(!halves || !mins.has_value(),
                     "quantized_linear: int8 panels in groups of 16 take no mins (scales of shape ",
                     scales.sizes(), ")");
@@ -168,12 +229,18 @@ at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qw
         qpanel::quantize_blocks(rows, xq, begin, end, op.level);
       });
     });
-    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
-                                    op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, blocks};
+    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()),
+                                    static_cast<const S*>(op.s.const_data_ptr()),
+                                    op.mn.defined() ? static_cast<const S*>(op.mn.const_data_ptr()) : nullptr,
+                                    blocks};
     const auto& tiles = int4     ? qpanel::tiles_for<S, true>(op.level)
                         : halves ? qpanel::tiles_for<S, false, true>(op.level)
                                  : qpanel::tiles_for<S, false>(op.level);
-    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out, tiles);
+    const auto& float_tiles = int4     ? qpanel::tiles_for<float, true>(op.level)
+                              : halves ? qpanel::tiles_for<float, false, true>(op.level)
+                                       : qpanel::tiles_for<float, false>(op.level);
+    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out, tiles,
+                   kquant ? &float_tiles : nullptr, static_cast<int>(entries));
   });
 }
 
@@ -196,6 +263,8 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
   TORCH_CHECK_VALUE(!bias.has_value() || bias->device() == x.device(),
                     "quantized_linear: bias is on ", bias->device(), " but x is on ", x.device());
   if (qweight.dim() == 3) return quantized_linear_panels_cpu(x, qweight, scales, mins, bias);
+  TORCH_CHECK_VALUE(scales.scalar_type() != at::kChar, "quantized_linear: int8 (K-quant) scales "
+                    "are for the panel layout; the row layout takes float32 or float16 scales");
   const bool int4 = qweight.scalar_type() == at::kByte;
   TORCH_CHECK_VALUE(int4 || qweight.scalar_type() == at::kChar,
                     "quantized_linear: qweight must be int8 or uint8 (packed int4), got ",
@@ -217,12 +286,16 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
                     " for ", int4 ? "int4" : "int8", " weights");
   return linear_with(x, scales, mins, bias, qweight, N, [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
+    if constexpr (std::is_same_v<S, qpanel::KScale>) {
+      return;  // refused above: K-quant scales are for panels
+    } else {
     const QuantizedRows xq = quantized_rows(
         op, [&](auto rows) { return qdot::quantize_rows(rows, op.M, op.K, group, int4, op.level); });
     const QuantizedWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
                                 op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, op.q.size(1), groups, group};
     const auto& tiles = int4 ? qdot::qtiles_for<S, true>(op.level) : qdot::qtiles_for<S, false>(op.level);
     qlinear_rows(xq, w, N, out, tiles);
+    }
   });
 }
 

@@ -47,6 +47,27 @@ def test_repack_is_exact(kind):
     assert torch.equal(weight.dequantize(), torch.from_numpy(want.astype(np.float32)))
 
 
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quants_keep_their_factors_in_panels(kind):
+    """K-quant scales pack as the file holds them (int8 sub-scales, a float16 d per 256
+    values): the same dequantized weight and the same kernel bits as float32 scales, in fewer
+    bytes."""
+    from specdec_kernels import ops
+    from specdec_kernels.models.quantized_weight import pack_panels
+
+    tensor, want = random_blocks(kind, rows=32, columns=512, seed=3)
+    weight = repack(tensor)
+    assert weight.kquant is not None
+    compact = pack_panels(weight)
+    plain = pack_panels(QuantizedWeight(weight.qweight, weight.scales, weight.mins))
+    assert compact.scales.dtype == torch.int8 and plain.scales.dtype == torch.float32
+    assert torch.equal(compact.dequantize(), torch.from_numpy(want.astype(np.float32)))
+    assert compact.nbytes_resident < plain.nbytes_resident
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ops.quantized_linear(x, compact.qweight, compact.scales, compact.mins),
+                       ops.quantized_linear(x, plain.qweight, plain.scales, plain.mins))
+
+
 def test_dense_types_stay_dense():
     gguf = pytest.importorskip("gguf")
 

@@ -11,6 +11,7 @@ from python_tests.conftest import DEVICES
 from python_tests.test_quantized_linear import tolerance, with_and_without_vnni
 from specdec_kernels import ops, reference
 from specdec_kernels.models.quantized_weight import (
+    KQuantScales,
     QuantizedWeight,
     joined_rows,
     lay_out_together,
@@ -296,3 +297,85 @@ def test_vnni_gives_the_bits_of_the_path_without(tmp_path):
     ``SPECDEC_CPU_VNNI=0`` gets the other's bits."""
     for with_vnni, without in zip(*with_and_without_vnni(_VNNI_SCRIPT, tmp_path)):
         assert torch.equal(with_vnni, without)
+
+
+# ---------------------------------------------------------------------------- K-quant scales
+
+
+def kquant_weight(n, k, gen, *, bits, group):
+    """A row-layout weight whose scales (and mins, int4) factor as a K-quant file's: int8
+    sub-scales times one float16 d (dmin) per row and 256 values; float32 scales as the GGUF
+    repacker computes them."""
+    sub = torch.randint(-64 if bits == 8 else 0, 64, (n, k // group), generator=gen).to(torch.int8)
+    d = (torch.rand(n, k // 256, generator=gen) * 1e-2).half()
+    scales = d.float().repeat_interleave(256 // group, dim=1) * sub.float()
+    if bits == 8:
+        q = torch.randint(-32, 32, (n, k), generator=gen).to(torch.int8)
+        return QuantizedWeight(q, scales, kquant=KQuantScales(sub, d))
+    q = torch.randint(0, 256, (n, k // 2), generator=gen).to(torch.uint8)
+    sub_mins = torch.randint(0, 64, (n, k // group), generator=gen).to(torch.int8)
+    dmin = (torch.rand(n, k // 256, generator=gen) * 1e-2).half()
+    mins = -(dmin.float().repeat_interleave(256 // group, dim=1) * sub_mins.float())
+    return QuantizedWeight(q, scales, mins, kquant=KQuantScales(sub, d, sub_mins, dmin))
+
+
+def float_panels(weight):
+    """The same weight packed with its float32 scales (its factors dropped)."""
+    return pack_panels(QuantizedWeight(weight.qweight, weight.scales, weight.mins, dtype=weight.dtype))
+
+
+KQUANTS = pytest.mark.parametrize("bits,group", [(4, 32), (8, 16), (8, 32)])  # Q4_K, Q6_K, Q5_K
+
+
+@KQUANTS
+@pytest.mark.parametrize("n,k", [(16, 256), (48, 512), (160, 1536)])
+def test_kquant_scales_give_the_float_scales_bits(cpu_isa, bits, group, n, k, gen):
+    """The file's factors, multiplied in the tile, are the float32 scales exactly: every row
+    count, the same bits as the float panels, in a sixth of the scale bytes."""
+    weight = kquant_weight(n, k, gen, bits=bits, group=group)
+    compact, plain = pack_panels(weight), float_panels(weight)
+    entries = 16 * 32 // group
+    assert compact.scales.dtype == torch.int8 and compact.scales.shape == (n // 16, k // 256, 8 * entries + 32)
+    assert compact.group == group
+    assert compact.nbytes_resident < plain.nbytes_resident
+    assert torch.equal(reference.expand_kquant_scales(compact.scales), plain.scales)
+    if bits == 4:
+        assert torch.equal(reference.expand_kquant_scales(compact.mins, negate=True), plain.mins)
+    for m in (1, 3, 9, 17, 40):  # past 2 row tiles a panel's scales are expanded once
+        x = torch.randn(m, k, generator=gen)
+        got = ops.quantized_linear(x, compact.qweight, compact.scales, compact.mins)
+        assert torch.equal(got, ops.quantized_linear(x, plain.qweight, plain.scales, plain.mins)), m
+
+
+@KQUANTS
+def test_kquant_panel_rows_and_dequantization(bits, group, gen):
+    weight = kquant_weight(48, 512, gen, bits=bits, group=group)
+    compact = pack_panels(weight)
+    dense = weight.dequantize()
+    assert torch.equal(compact.dequantize(), dense)
+    ids = torch.tensor([[0, 47, 17], [16, 5, 31]])
+    assert torch.equal(F.embedding(ids, compact), dense[ids])
+    x = torch.randn(3, 512, generator=gen)
+    torch.testing.assert_close(compact.linear(x), reference.quantized_linear(
+        x, compact.qweight, compact.scales, compact.mins), **tolerance(x.dtype, x @ dense.T))
+    torch.library.opcheck(torch.ops.specdec.quantized_linear.default,
+                          (x, compact.qweight, compact.scales, compact.mins, None))
+
+
+def test_kquant_scales_bad_input(gen):
+    weight = kquant_weight(32, 512, gen, bits=4, group=32)
+    compact = pack_panels(weight)
+    x = torch.randn(2, 512, generator=gen)
+    q, s, mn = compact.qweight, compact.scales, compact.mins
+    with pytest.raises(ValueError, match="K-quant"):
+        ops.quantized_linear(x, q, s[:, :1], mn[:, :1])
+    with pytest.raises(ValueError, match="K-quant"):
+        ops.quantized_linear(x, q, s[..., :128], mn[..., :128])
+    with pytest.raises(ValueError, match="row layout takes float32 or float16"):
+        ops.quantized_linear(x, weight.qweight, weight.scales.to(torch.int8), None)
+    with pytest.raises(ValueError, match="mins"):
+        ops.quantized_linear(x, q, s, mn.float())
+    # K not a multiple of 256: not a K-quant; its factors are not packed.
+    odd = QuantizedWeight(weight.qweight[:, :96], weight.scales[:, :6], weight.mins[:, :6],
+                          kquant=weight.kquant)
+    assert pack_panels(odd).scales.dtype == torch.float32

@@ -41,7 +41,9 @@ def test_loads_at_file_precision_and_matches_the_float32_load(small_file):
     model = file_precision.model
     head = model.get_output_embeddings().weight
     assert isinstance(head, QuantizedWeight) and head.shape == (49200, 256)
-    assert head.qweight.dim() == 3 and head.scales.shape == (49200 // 16, 256 // 32, 32)  # Q6_K
+    # Q6_K in int8 panels of groups of 16, its scales as the file holds them (K-quant form).
+    assert head.qweight.dim() == 3 and head.group == 16
+    assert head.scales.dtype == torch.int8 and head.scales.shape == (49200 // 16, 256 // 256, 8 * 32 + 32)
     down = model.model.layers[1].mlp.down_proj.weight
     assert down.group == 16 and down.qweight.dim() == 3
     weights = dict(dense.model.named_parameters())

@@ -65,10 +65,11 @@ def samples() -> list:
     from python_tests.test_decoder_stack import stack_operands
     from python_tests.test_kv_cache import opcheck_samples
     from python_tests.test_quantized_linear import operands as quantized_operands
-    from python_tests.test_quantized_panels import panel_operands
+    from python_tests.test_quantized_panels import kquant_weight, panel_operands
     from python_tests.test_tree import random_parents
     from python_tests.test_tree_attention import make_case
     from python_tests.test_verify import verify_samples
+    from specdec_kernels.models.quantized_weight import pack_panels
     from specdec_kernels.tree import stack_trees, tree_from_parents
 
     ops = torch.ops.specdec
@@ -97,6 +98,12 @@ def samples() -> list:
     out.append((ops.quantized_linear.default, (x, *panels, b)))  # int4 panels
     x, _, panels, _ = panel_operands(3, 32, 64, gen, bits=8, mins=False)
     out.append((ops.quantized_linear.default, (x, *panels, None)))  # int8 panels
+    kquant = pack_panels(kquant_weight(32, 512, gen, bits=4, group=32))
+    out.append((ops.quantized_linear.default,  # int4 panels, K-quant scales as the file's
+                (torch.randn(2, 512, generator=gen), kquant.qweight, kquant.scales, kquant.mins, None)))
+    kquant = pack_panels(kquant_weight(16, 256, gen, bits=8, group=16))
+    out.append((ops.quantized_linear.default,  # int8 groups of 16 (Q6_K), K-quant scales
+                (torch.randn(3, 256, generator=gen), kquant.qweight, kquant.scales, None, None)))
     x, norm = torch.randn(3, 40, generator=gen), torch.rand(40, generator=gen) + 0.5
     out.append((ops.small_batch_linear.default,
                 (x, torch.randn(7, 40, generator=gen), torch.randn(7, generator=gen))))

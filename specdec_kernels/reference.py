@@ -576,6 +576,21 @@ def unpack_int4(packed: Tensor) -> Tensor:
     return torch.cat([blocks & 0x0F, blocks >> 4], dim=-1).reshape(n, half * 2)
 
 
+def expand_kquant_scales(scales: Tensor, negate: bool = False) -> Tensor:
+    """K-quant panel scales as the file holds them (int8 ``[N / 16, K / 256, 8 E + 32]``: per
+    super-block of 8 blocks, block ``j``'s ``E`` sub-scales at bytes ``E j ..``, then the 16
+    rows' float16 super-scales ``d``) to the float32 panel scales ``[N / 16, K / 32, E]`` they
+    encode: ``d[r] * sub`` for entry ``16 h + r`` (``-(d * sub)`` with ``negate``: mins).
+    Exact (11 by 8 significant bits)."""
+    panels, supers, width = scales.shape
+    entries = (width - 32) // 8
+    sub = scales[..., : 8 * entries].reshape(panels, supers, 8, entries).float()
+    d = scales[..., 8 * entries :].contiguous().view(torch.float16).float()  # [P, SB, 16]
+    d = d.repeat(1, 1, entries // 16)  # entry 16 h + r reads row r's d
+    out = d[:, :, None, :] * sub
+    return (-out if negate else out).reshape(panels, supers * 8, entries)
+
+
 def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
     """The panel layout of :func:`specdec_kernels.ops.quantized_linear` back to the row layout:
     ``qweight [N / 16, K / 32, 64 V]`` (``V`` = 4 vectors of int4 pairs, uint8, or 8 of int8;
@@ -583,10 +598,14 @@ def unpack_panels(qweight: Tensor, scales: Tensor, mins: Tensor | None = None):
     ``16 p + r``'s block ``b``) to ``[N, K / 2]`` uint8 or ``[N, K]`` int8; scales and mins
     ``[N / 16, K / 32, 16]`` to ``[N, K / 32]`` (int8 in groups of 16: scales
     ``[N / 16, K / 32, 32]``, entry ``16 h + r`` half ``h`` of row ``r``'s block, to
-    ``[N, K / 16]``). A pure permutation of bytes and values.
+    ``[N, K / 16]``; int8 K-quant scales are expanded first, :func:`expand_kquant_scales`).
+    A pure permutation of bytes and values.
 
     Returns ``(qweight, scales, mins)`` in the row layout.
     """
+    if scales.dtype == torch.int8:
+        scales = expand_kquant_scales(scales)
+        mins = None if mins is None else expand_kquant_scales(mins, negate=True)
     panels, blocks, block_bytes = qweight.shape
     vectors = block_bytes // 64
     rows = qweight.view(panels, blocks, vectors, 16, 4).permute(0, 3, 1, 2, 4)

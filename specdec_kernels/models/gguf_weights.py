@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from specdec_kernels.models.quantized_weight import (
+    KQuantScales,
     QuantizedWeight,
     lay_out_projections,
     pack_model_panels,
@@ -115,6 +116,22 @@ def _q5_1(data, rows):
     return torch.from_numpy(values), *_scales_and_mins(_f16(b, 0), _f16(b, 2))
 
 
+def _k_factors(sc: np.ndarray, d: np.ndarray, mn=None, dmin=None) -> KQuantScales:
+    """The file's own factors of a K-quant weight's scales and mins (sub-scales as int8, one
+    float16 ``d`` / ``dmin`` per row and 256 values), for the panel layout."""
+    rows = sc.shape[0]
+
+    def sub(v):
+        return torch.from_numpy(np.ascontiguousarray(v.astype(np.int8)).reshape(rows, -1))
+
+    def half(v):
+        return torch.from_numpy(np.ascontiguousarray(v.astype(np.float16)).reshape(rows, -1))
+
+    if mn is None:
+        return KQuantScales(sub(sc), half(d))
+    return KQuantScales(sub(sc), half(d), sub(mn), half(dmin))
+
+
 def _k_scales(packed: np.ndarray):
     """The eight 6-bit (scale, min) pairs of a Q4_K / Q5_K block's 12 scale bytes."""
     p = packed.astype(np.uint8)
@@ -135,7 +152,8 @@ def _q4_k(data, rows):
     values = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 32)  # sub-blocks of 32
     scales = (d[..., None] * sc).reshape(rows, -1)
     mins = (-(dmin[..., None] * mn)).reshape(rows, -1)
-    return torch.from_numpy(_pack_nibbles(values)), *_scales_and_mins(scales, mins)
+    return (torch.from_numpy(_pack_nibbles(values)), *_scales_and_mins(scales, mins),
+            _k_factors(sc, d, mn, dmin))
 
 
 def _q5_k(data, rows):
@@ -150,7 +168,7 @@ def _q5_k(data, rows):
     values = np.stack([low, high], axis=3).reshape(rows, -1).astype(np.int8)
     scales = (d[..., None] * sc).reshape(rows, -1)
     mins = (-(dmin[..., None] * mn)).reshape(rows, -1)
-    return torch.from_numpy(values), *_scales_and_mins(scales, mins)
+    return torch.from_numpy(values), *_scales_and_mins(scales, mins), _k_factors(sc, d, mn, dmin)
 
 
 def _q6_k(data, rows):
@@ -165,7 +183,8 @@ def _q6_k(data, rows):
     hi2 = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-1)  # [.., 128]
     values = (lo4 | (hi2 << 4)).astype(np.int16) - 32
     scales = (d[..., None] * sc).reshape(rows, -1)
-    return torch.from_numpy(values.reshape(rows, -1).astype(np.int8)), *_scales_and_mins(scales, None)
+    return (torch.from_numpy(values.reshape(rows, -1).astype(np.int8)), *_scales_and_mins(scales, None),
+            _k_factors(sc, d))
 
 
 #: GGUF type name -> (repacker, bits, group).
@@ -189,8 +208,9 @@ def repack(tensor, dtype: torch.dtype = torch.float32):
     shape = [int(s) for s in reversed(tensor.shape)]  # GGUF lists the fastest dimension first
     if kind in REPACKED_TYPES and len(shape) == 2:
         fn, _, _ = REPACKED_TYPES[kind]
-        qweight, scales, mins = fn(tensor.data, shape[0])
-        return QuantizedWeight(qweight, scales, mins, dtype=dtype, kind=kind)
+        qweight, scales, mins, *factors = fn(tensor.data, shape[0])  # K-quants: their factors
+        return QuantizedWeight(qweight, scales, mins, dtype=dtype, kind=kind,
+                               kquant=factors[0] if factors else None)
     from gguf.quants import dequantize
 
     values = np.asarray(tensor.data)
@@ -202,9 +222,14 @@ def repack(tensor, dtype: torch.dtype = torch.float32):
 def _permute_rows(weight, order: np.ndarray):
     if isinstance(weight, QuantizedWeight):
         idx = torch.from_numpy(order)
-        mins = None if weight.mins is None else weight.mins[idx].contiguous()
-        return QuantizedWeight(weight.qweight[idx].contiguous(), weight.scales[idx].contiguous(),
-                               mins, dtype=weight.dtype, kind=weight.kind)
+
+        def rows(t):
+            return None if t is None else t[idx].contiguous()
+
+        k = weight.kquant
+        kquant = None if k is None else KQuantScales(rows(k.sub), rows(k.d), rows(k.sub_mins), rows(k.dmin))
+        return QuantizedWeight(rows(weight.qweight), rows(weight.scales), rows(weight.mins),
+                               dtype=weight.dtype, kind=weight.kind, kquant=kquant)
     return weight[torch.from_numpy(order)].contiguous()
 
 

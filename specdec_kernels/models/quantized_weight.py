@@ -11,11 +11,14 @@ them reaches this class's ``__torch_function__``, inside the engine's forwards a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "KQuantScales",
     "QuantizedWeight",
     "joined_rows",
     "lay_out_projections",
@@ -29,6 +32,30 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True)
+class KQuantScales:
+    """A K-quant weight's scales as its file holds them (GGUF ``Q4_K``, ``Q5_K``, ``Q6_K``):
+    ``scales = d * sub`` and ``mins = -(dmin * sub_mins)`` per group, with one float16 ``d``
+    (``dmin``) per row and 256 values. :func:`pack_panels` keeps them so (int8 K-quant panel
+    scales of :func:`~specdec_kernels.ops.quantized_linear`, about a sixth of float32 scales'
+    bytes, the same bits).
+
+    Attributes
+    ----------
+    sub : Tensor
+        ``[N, K / G]`` int8 sub-scales.
+    d : Tensor
+        ``[N, K / 256]`` float16.
+    sub_mins, dmin : Tensor, optional
+        Likewise for the mins.
+    """
+
+    sub: Tensor
+    d: Tensor
+    sub_mins: Tensor | None = None
+    dmin: Tensor | None = None
+
+
 class QuantizedWeight(Tensor):
     """A dense ``[N, K]`` weight held as :func:`~specdec_kernels.ops.quantized_linear` operands.
 
@@ -39,9 +66,13 @@ class QuantizedWeight(Tensor):
         of 16 rows, ``[N / 16, K / 32, 256]`` uint8 (int4) or ``[N / 16, K / 32, 512]`` int8
         (:func:`pack_panels`).
     scales : Tensor
-        ``[N, K / G]`` float32 or float16 (panels: ``[N / 16, K / 32, 16]``).
+        ``[N, K / G]`` float32 or float16 (panels: ``[N / 16, K / 32, 16]``, or ``32`` in
+        groups of 16; or int8 K-quant panel scales, see the op).
     mins : Tensor, optional
         Like ``scales``.
+    kquant : KQuantScales, optional
+        The scales' factors as a K-quant file holds them (row layout; :func:`pack_panels`
+        packs them instead of the float scales).
     dtype : torch.dtype
         The dtype the weight presents (the activations' dtype): float32 or bfloat16.
     kind : str
@@ -50,7 +81,7 @@ class QuantizedWeight(Tensor):
 
     @staticmethod
     def __new__(cls, qweight: Tensor, scales: Tensor, mins: Tensor | None = None, *,
-                dtype: torch.dtype = torch.float32, kind: str = ""):
+                dtype: torch.dtype = torch.float32, kind: str = "", kquant=None):
         if qweight.dim() == 3:  # panels
             shape = (qweight.shape[0] * PANEL_ROWS, qweight.shape[1] * PANEL_GROUP)
         else:
@@ -60,11 +91,12 @@ class QuantizedWeight(Tensor):
             requires_grad=False,
         )
 
-    def __init__(self, qweight, scales, mins=None, *, dtype=torch.float32, kind=""):
+    def __init__(self, qweight, scales, mins=None, *, dtype=torch.float32, kind="", kquant=None):
         self.qweight = qweight
         self.scales = scales
         self.mins = mins
         self.kind = kind
+        self.kquant = kquant
 
     def __repr__(self):
         return (f"QuantizedWeight({self.kind or self.qweight.dtype}, shape={tuple(self.shape)}, "
@@ -74,7 +106,7 @@ class QuantizedWeight(Tensor):
     def group(self) -> int:
         """Values per scale along K."""
         if self.qweight.dim() == 3:  # panels: 16 scales (or 32, two per row) a block of 32
-            return PANEL_GROUP * PANEL_ROWS // self.scales.shape[2]
+            return PANEL_GROUP * PANEL_ROWS // _panel_entries(self.scales)
         return self.shape[1] // self.scales.shape[1]
 
     @property
@@ -114,15 +146,21 @@ class QuantizedWeight(Tensor):
         panel, lane = rows // PANEL_ROWS, rows % PANEL_ROWS
         qweight = self.qweight.view(panels, blocks, vectors, PANEL_ROWS, 4)[panel, :, :, lane, :]
 
-        def per_row(t):
+        def per_row(t, negate=False):
             if t is None:
                 return None
+            if t.dtype == torch.int8:  # K-quant scales: expand just these rows' panels
+                from specdec_kernels.reference import expand_kquant_scales
+
+                t, at = expand_kquant_scales(t[panel], negate), torch.arange(len(panel))
+            else:
+                at = panel
             if t.shape[2] == 2 * PANEL_ROWS:  # two halves a block (groups of 16)
-                return t.view(panels, blocks, 2, PANEL_ROWS)[panel, :, :, lane].reshape(rows.shape[0], -1)
-            return t[panel, :, lane]
+                return t.view(t.shape[0], blocks, 2, PANEL_ROWS)[at, :, :, lane].reshape(rows.shape[0], -1)
+            return t[at, :, lane]
 
         return (qweight.reshape(rows.shape[0], blocks * vectors * 4), per_row(self.scales),
-                per_row(self.mins))
+                per_row(self.mins, negate=True))
 
     def _with(self, **changes) -> "QuantizedWeight":
         parts = dict(qweight=self.qweight, scales=self.scales, mins=self.mins)
@@ -133,7 +171,8 @@ class QuantizedWeight(Tensor):
                 parts = dict(zip(("qweight", "scales", "mins"), self._row_parts()))
             parts = {k: None if v is None else v.to(device) for k, v in parts.items()}
         return QuantizedWeight(parts["qweight"], parts["scales"], parts["mins"],
-                               dtype=changes.get("dtype", self.dtype), kind=self.kind)
+                               dtype=changes.get("dtype", self.dtype), kind=self.kind,
+                               kquant=None if device is not None else self.kquant)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -239,6 +278,8 @@ def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
     every batch size on the AVX-512 path of the Zen 5 of bench/RESULTS.md, with other rounding
     (the results are not the row layout's bits, and are the same on every instruction set)."""
     q = weight.qweight
+    if q.dim() != 2:
+        return weight
     halves = q.dtype == torch.int8 and weight.group == PANEL_GROUP // 2 and weight.mins is None
     if (q.dim() != 2 or q.dtype not in (torch.uint8, torch.int8)
             or not (weight.group == PANEL_GROUP or halves)
@@ -258,8 +299,36 @@ def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
                 panels, blocks, 2 * PANEL_ROWS).contiguous()
         return t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()
 
-    return QuantizedWeight(packed.contiguous(), per_panel(weight.scales), per_panel(weight.mins),
-                           dtype=weight.dtype, kind=weight.kind)
+    scales, mins = per_panel(weight.scales), per_panel(weight.mins)
+    k = weight.kquant
+    if k is not None and weight.shape[1] % (PANEL_GROUP * K_SUPER_BLOCK) == 0:
+        entries = scales.shape[2]
+        scales = _kquant_panel_scales(k.sub, k.d, panels, entries)
+        if mins is not None:
+            mins = _kquant_panel_scales(k.sub_mins, k.dmin, panels, PANEL_ROWS)
+    return QuantizedWeight(packed.contiguous(), scales, mins, dtype=weight.dtype, kind=weight.kind)
+
+
+#: Blocks of 32 per K-quant super-block of 256 values.
+K_SUPER_BLOCK = 8
+
+
+def _kquant_panel_scales(sub: Tensor, d: Tensor, panels: int, entries: int) -> Tensor:
+    """Row-layout K-quant factors (``sub [N, K / G]`` int8, ``d [N, K / 256]`` float16) in the
+    op's int8 K-quant panel layout ``[N / 16, K / 256, 8 E + 32]`` (``E`` = entries a block)."""
+    supers = d.shape[1]
+    halves = entries // PANEL_ROWS  # 1, or 2 in groups of 16
+    blocks = sub.reshape(panels, PANEL_ROWS, supers, K_SUPER_BLOCK, halves)
+    blocks = blocks.permute(0, 2, 3, 4, 1).reshape(panels, supers, K_SUPER_BLOCK * entries)
+    supers_d = d.reshape(panels, PANEL_ROWS, supers).permute(0, 2, 1).contiguous().view(torch.int8)
+    return torch.cat([blocks.to(torch.int8), supers_d], dim=-1).contiguous()
+
+
+def _panel_entries(scales: Tensor) -> int:
+    """Scale entries a block of a panel weight's ``scales`` has (16, or 32 in groups of 16)."""
+    if scales.dtype == torch.int8:  # K-quant: 8 blocks' entries and 32 bytes of super-scales
+        return (scales.shape[2] - 32) // K_SUPER_BLOCK
+    return scales.shape[2]
 
 
 def pack_model_panels(model: nn.Module) -> int:

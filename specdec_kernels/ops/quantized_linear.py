@@ -54,7 +54,13 @@ def quantized_linear(
         ``[N, K / G]`` float32 or float16; the group ``G`` is a power of two, at least 16 for
         int8 and 32 for int4. Panels: ``[N / 16, K / 32, 16]``, entry ``r`` for row ``16 p + r``;
         int8 panels in groups of 16: ``[N / 16, K / 32, 32]``, entry ``16 h + r`` for the
-        block's half ``h`` (no ``mins``).
+        block's half ``h`` (no ``mins``). Panels also take a K-quant file's own form (GGUF
+        ``Q4_K``, ``Q5_K``, ``Q6_K``; ``K`` a multiple of 256): int8 ``[N / 16, K / 256,
+        8 E + 32]`` with ``E`` the entries of a block above (16 or 32), per super-block of 8
+        blocks their int8 sub-scales (block ``j``'s at bytes ``E j ..``) and then the 16 rows'
+        float16 super-scale ``d`` (bytes ``8 E + 2 r``): scale ``= d * sub``, ``min = -(dmin *
+        sub)``, exact in float32, so the bits are those of the float32 scales they encode
+        (:func:`specdec_kernels.reference.expand_kquant_scales`), in about a sixth of the bytes.
     mins : Tensor, optional
         Same shape and dtype as ``scales``; zero when omitted.
     bias : Tensor, optional
