@@ -286,15 +286,14 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
                     " for ", int4 ? "int4" : "int8", " weights");
   return linear_with(x, scales, mins, bias, qweight, N, [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
-    if constexpr (std::is_same_v<S, qpanel::KScale>) {
-      return;  // refused above: K-quant scales are for panels
-    } else {
-    const QuantizedRows xq = quantized_rows(
-        op, [&](auto rows) { return qdot::quantize_rows(rows, op.M, op.K, group, int4, op.level); });
-    const QuantizedWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
-                                op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, op.q.size(1), groups, group};
-    const auto& tiles = int4 ? qdot::qtiles_for<S, true>(op.level) : qdot::qtiles_for<S, false>(op.level);
-    qlinear_rows(xq, w, N, out, tiles);
+    if constexpr (!std::is_same_v<S, qpanel::KScale>) {  // K-quant scales were refused above
+      const QuantizedRows xq = quantized_rows(
+          op, [&](auto rows) { return qdot::quantize_rows(rows, op.M, op.K, group, int4, op.level); });
+      const QuantizedWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()), op.s.const_data_ptr<S>(),
+                                  op.mn.defined() ? op.mn.const_data_ptr<S>() : nullptr, op.q.size(1), groups,
+                                  group};
+      const auto& tiles = int4 ? qdot::qtiles_for<S, true>(op.level) : qdot::qtiles_for<S, false>(op.level);
+      qlinear_rows(xq, w, N, out, tiles);
     }
   });
 }
