@@ -68,6 +68,19 @@ def test_k_quants_keep_their_factors_in_panels(kind):
                        ops.quantized_linear(x, plain.qweight, plain.scales, plain.mins))
 
 
+def test_permuted_k_quant_rows_keep_their_factors():
+    """Q/K rows that transformers permutes on load (llama's rotary layout) take their K-quant
+    factors along."""
+    from specdec_kernels.models.gguf_weights import _permute_rows
+    from specdec_kernels.models.quantized_weight import pack_panels
+
+    tensor, want = random_blocks("Q4_K", rows=32, columns=512, seed=4)
+    order = np.random.default_rng(0).permutation(32)
+    compact = pack_panels(_permute_rows(repack(tensor), order))
+    assert compact.scales.dtype == torch.int8
+    assert torch.equal(compact.dequantize(), torch.from_numpy(want.astype(np.float32))[order])
+
+
 def test_dense_types_stay_dense():
     gguf = pytest.importorskip("gguf")
 
