@@ -51,8 +51,8 @@ def main(argv=None) -> dict:
     int4_head8 = quantized_copy(target, bits=4, group=32, head_bits=8)
     int8 = quantized_copy(target, bits=8, group=32)
     file_precision = load_model(weights="file").model
-    narrow = ModelRunner(int4).narrow_kv_dtype()
     head8 = ModelRunner(int4_head8)
+    narrow = head8.narrow_kv_dtype()  # bfloat16 on the CPU kernels, as the drafter keeps it
     runners = {"fp32-target": (ModelRunner(target), None),
                "int4-copy": (ModelRunner(int4), narrow),
                "int4-copy-head8": (head8, narrow), "int4-copy-head8-f32kv": (head8, None),

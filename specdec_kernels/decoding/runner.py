@@ -309,10 +309,11 @@ class ModelRunner:
         ValueError
             A ``kv_dtype`` these forwards cannot read.
         """
-        if kv_dtype is not None and kv_dtype != self.dtype and kv_dtype != self.narrow_kv_dtype():
+        narrow = self.narrow_kv_dtype()
+        if kv_dtype not in (None, self.dtype, narrow):
             raise ValueError(
                 f"kv_dtype={kv_dtype}: this runner's forwards read K/V in {self.dtype}"
-                + (f" or {self.narrow_kv_dtype()}" if self.narrow_kv_dtype() else "")
+                + (f" or {narrow}" if narrow else "")
                 + " (a narrower cache needs a float32 model on the package's CPU kernels)"
             )
         return KVCache(self.num_layers, batch, capacity, self.device, dtype=kv_dtype)

@@ -281,7 +281,7 @@ def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
     if q.dim() != 2:
         return weight
     halves = q.dtype == torch.int8 and weight.group == PANEL_GROUP // 2 and weight.mins is None
-    if (q.dim() != 2 or q.dtype not in (torch.uint8, torch.int8)
+    if (q.dtype not in (torch.uint8, torch.int8)
             or not (weight.group == PANEL_GROUP or halves)
             or weight.shape[0] % PANEL_ROWS or weight.shape[1] % PANEL_GROUP
             or q.device.type != "cpu"):
@@ -299,13 +299,12 @@ def pack_panels(weight: QuantizedWeight) -> QuantizedWeight:
                 panels, blocks, 2 * PANEL_ROWS).contiguous()
         return t.reshape(panels, PANEL_ROWS, blocks).permute(0, 2, 1).contiguous()
 
-    scales, mins = per_panel(weight.scales), per_panel(weight.mins)
-    k = weight.kquant
-    if k is not None and weight.shape[1] % (PANEL_GROUP * K_SUPER_BLOCK) == 0:
-        entries = scales.shape[2]
-        scales = _kquant_panel_scales(k.sub, k.d, panels, entries)
-        if mins is not None:
-            mins = _kquant_panel_scales(k.sub_mins, k.dmin, panels, PANEL_ROWS)
+    k = weight.kquant if weight.shape[1] % (PANEL_GROUP * K_SUPER_BLOCK) == 0 else None
+    if k is None:
+        scales, mins = per_panel(weight.scales), per_panel(weight.mins)
+    else:  # the file's factors instead of the float scales they encode
+        scales = _kquant_panel_scales(k.sub, k.d, panels, PANEL_ROWS * PANEL_GROUP // weight.group)
+        mins = None if weight.mins is None else _kquant_panel_scales(k.sub_mins, k.dmin, panels, PANEL_ROWS)
     return QuantizedWeight(packed.contiguous(), scales, mins, dtype=weight.dtype, kind=weight.kind)
 
 
