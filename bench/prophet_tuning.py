@@ -2,8 +2,8 @@
 measured on tuning requests (never the benchmark's prompts).
 
 ``collect`` runs the default model greedily (160 new tokens) on generic requests
-(:func:`specdec_kernels.training.medusa_data.first_stage_prompts`, seed 101) and on requests built around
-its answers (:func:`~specdec_kernels.training.medusa_data.second_stage_prompts`, seed 102: summarize,
+(:func:`specdec_kernels.training.prompts.first_stage_prompts`, seed 101) and on requests built around
+its answers (:func:`~specdec_kernels.training.prompts.second_stage_prompts`, seed 102: summarize,
 translate, answer from a passage, rewrite, continue: text that copies from its input), and
 keeps every answer with the target's top-8 at each of its positions.
 
@@ -38,7 +38,7 @@ TOP_K = 8
 
 def collect(out: str, count: int = 24, max_new_tokens: int = 160) -> None:
     from specdec_kernels.decoding import generate
-    from specdec_kernels.training.medusa_data import first_stage_prompts, second_stage_prompts
+    from specdec_kernels.training.prompts import first_stage_prompts, second_stage_prompts
     from specdec_kernels.models import encode_prompts, load_default_model
 
     start = time.perf_counter()

@@ -4,9 +4,11 @@ model as the engine runs it (fp32, the package's CPU kernels) and of its int4 an
 (``QuantizedSelfDrafter``'s draft models, ``quantized_linear``; ``int4-copy`` with an int4 LM
 head, ``int4-copy-head8`` with the drafter's default int8 head; the copies' K/V in bfloat16 as
 the drafter keeps them, ``narrow_kv``, and ``int4-copy-head8-f32kv`` in float32),
-interleaved, median over repeats.
+interleaved, median over repeats. ``--draft-vocab N`` (repeatable) adds
+``int4-copy-head8-vocabN``: that copy with its LM head over the ``N`` most frequent tokens
+(the drafter's ``draft_vocab``, ranked by the package's ranking for the default model).
 
-    python3 -m bench.quantized_cost --prefix 256 --repeats 30 --out cost.json
+    python3 -m bench.quantized_cost --prefix 256 --repeats 30 --draft-vocab 8192 --out cost.json
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefix", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--draft-vocab", type=int, action="append", default=[])
     parser.add_argument("--out")
     args = parser.parse_args(argv)
 
@@ -44,7 +47,14 @@ def main(argv=None) -> dict:
     from specdec_kernels.decoding.runner import ModelRunner
     from specdec_kernels.models import load_model
 
-    target = load_model(weights="float32").model
+    from specdec_kernels.decoding.draft_vocabulary import (
+        draft_vocabulary,
+        restricted_head_copy,
+        token_ranking,
+    )
+
+    loaded = load_model(weights="float32")
+    target = loaded.model
     start = time.perf_counter()
     int4 = quantized_copy(target, bits=4, group=32)
     quantize_seconds = time.perf_counter() - start
@@ -58,6 +68,10 @@ def main(argv=None) -> dict:
                "int4-copy-head8": (head8, narrow), "int4-copy-head8-f32kv": (head8, None),
                "int8-copy": (ModelRunner(int8), narrow),
                "gguf-file": (ModelRunner(file_precision), None)}
+    order, _ = token_ranking(loaded.tokenizer, head8.vocab_size)
+    for size in args.draft_vocab:
+        restricted = restricted_head_copy(int4_head8, draft_vocabulary(order, size))
+        runners[f"int4-copy-head8-vocab{size}"] = (ModelRunner(restricted), narrow)
     times: dict = {name: [] for name in runners}
     with torch.inference_mode():
         for name, (runner, kv) in runners.items():  # warm up

@@ -92,6 +92,9 @@ def make_drafter(name, model):
     if name == "draft-model-independent":
         other = tiny_model("llama", vocab=VOCAB, layers=1, seed=99).to(model.device)
         return DraftModelDrafter(other, num_draft=3)
+    if name == "draft-model-restricted":  # its head scores tokens 0..2 only: 3 and 4 never drafted
+        return DraftModelDrafter(truncated_copy(model, 1).to(model.device), num_draft=2,
+                                 draft_vocab=3)
     if name == "lookahead":
         return LookaheadDrafter(3, 3, 3)
     if name == "jacobi":
@@ -139,6 +142,7 @@ def assert_follows_target(out, exact, label=""):
         "self-speculative",
         "draft-model-truncated",
         "draft-model-independent",
+        "draft-model-restricted",
         "lookahead",
         "jacobi",
     ],
@@ -160,7 +164,8 @@ def test_the_test_has_power(target, exact):
 
 
 @pytest.mark.parametrize(
-    "name", ["autoregressive", "prompt-lookup", "draft-model-truncated", "lookahead", "jacobi"]
+    "name", ["autoregressive", "prompt-lookup", "draft-model-truncated", "draft-model-restricted",
+             "lookahead", "jacobi"]
 )
 def test_a_request_does_not_depend_on_its_batch(target, name):
     """Same seed, same output, whether the request runs alone or among others."""

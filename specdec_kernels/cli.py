@@ -43,7 +43,7 @@ __all__ = [
 #: Modules whose ``add_subcommand(subparsers)`` registers more subcommands (e.g. ``bench``).
 SUBCOMMAND_MODULES = [
     "specdec_kernels.bench", "specdec_kernels.hf", "specdec_kernels.training.medusa",
-    "specdec_kernels.training.datastore_cli",
+    "specdec_kernels.training.datastore_cli", "specdec_kernels.training.draft_vocab_cli",
 ]
 
 #: Exceptions that report a user's mistake (bad argument values, missing files): printed as

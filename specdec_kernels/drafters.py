@@ -396,6 +396,16 @@ class RetrievalOptions:
     budget: bool = api_only(True)
 
 
+def _draft_vocab():
+    return integer(None, "the draft's LM head scores only this many tokens, the most frequent "
+                   "(default: all)")
+
+
+def _token_ranking():
+    return text(None, "ranking file of the draft vocabulary (specdec draft-vocab; default: the "
+                "package's for the default model's tokenizer, else token ids in order)")
+
+
 @dataclass
 class QuantizedSelfOptions(ChainOptions):
     num_draft: int = _num_draft(5)
@@ -404,6 +414,8 @@ class QuantizedSelfOptions(ChainOptions):
     group: int = integer(32, "values per scale along K")
     gguf: str | None = text(None, "draft with this GGUF file's own weights")
     narrow_kv: bool = switch(True, "the draft's K/V in bfloat16 (float32 drafts on the CPU kernels)")
+    draft_vocab: int | None = _draft_vocab()
+    token_ranking: str | None = _token_ranking()
 
 
 @dataclass
@@ -457,6 +469,8 @@ class EagleOptions:
 @dataclass
 class DraftModelOptions(ChainOptions):
     narrow_kv: bool = switch(True, "the draft's K/V in bfloat16 (float32 drafts on the CPU kernels)")
+    draft_vocab: int | None = _draft_vocab()
+    token_ranking: str | None = _token_ranking()
 
 
 _D = "specdec_kernels.decoding."

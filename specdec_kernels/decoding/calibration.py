@@ -199,6 +199,8 @@ def step_cost_key(runner, exit_layer: int | None = None) -> dict:
     }
     if exit_layer is not None:
         key["exit_layer"] = exit_layer
+    if runner.vocab_size != shape["vocab_size"]:  # a head over some tokens (draft_vocab)
+        key["head_rows"] = runner.vocab_size
     return key
 
 

@@ -102,6 +102,7 @@ class AutoregressiveDrafter(Drafter):
         self._k = num_draft
         self._drafted = 0
         self._vocab = 0
+        self._vocab_ids: Tensor | None = None  # target ids of the draft's logits, if not 0..V'
 
     def bind(self, runner, tokenizer) -> None:
         self._vocab = runner.vocab_size
@@ -171,8 +172,12 @@ class AutoregressiveDrafter(Drafter):
     # ------------------------------------------------------------------ drafting
 
     def _target_vocab(self, logits: Tensor) -> Tensor:
-        """Logits over exactly the target's vocabulary (float32)."""
+        """Logits over exactly the target's vocabulary (float32); tokens the draft does not
+        score get ``-1e30``."""
         logits = logits.float()
+        if self._vocab_ids is not None:  # a head over some tokens only (draft_vocab)
+            full = logits.new_full((logits.shape[0], self._vocab), _NEVER)
+            return full.index_copy_(1, self._vocab_ids, logits)
         extra = self._vocab - logits.shape[-1]
         if extra > 0:
             logits = torch.nn.functional.pad(logits, (0, extra), value=_NEVER)

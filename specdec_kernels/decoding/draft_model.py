@@ -3,15 +3,26 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
 from specdec_kernels.decoding import calibration
 from specdec_kernels.decoding.chain_drafter import AutoregressiveDrafter
+from specdec_kernels.decoding.draft_vocabulary import (
+    draft_vocabulary,
+    restricted_head_copy,
+    token_ranking,
+)
 from specdec_kernels.decoding.drafter import DecodeState, StepOutcome
 from specdec_kernels.decoding.runner import ModelRunner
 
 __all__ = ["DraftModelDrafter", "check_same_vocabulary"]
+
+# Restricted-head copies per draft model object and (ranking, size): gathering the head's rows
+# of a large vocabulary takes a moment, and a drafter binds once per generate call.
+_RESTRICTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def check_same_vocabulary(target_tokenizer, draft_tokenizer) -> None:
@@ -46,6 +57,12 @@ class DraftModelDrafter(AutoregressiveDrafter):
         :meth:`~specdec_kernels.decoding.runner.ModelRunner.narrow_kv_dtype`; elsewhere its own
         dtype): half the bytes its attention reads, K/V rounded to bfloat16. Draft quality
         only; the output stays the target's.
+    draft_vocab : int, optional
+        Score only this many tokens, the most frequent ones, with the draft's LM head (see
+        :mod:`~specdec_kernels.decoding.draft_vocabulary`); ``None`` (default): all of them.
+    token_ranking : str, optional
+        The ranking file that says which tokens (``specdec draft-vocab``); default: the
+        package's for the default model's tokenizer, else token ids in order.
     num_draft, adaptive, min_draft, max_draft, confidence_threshold, budget, cost_curve, draft_cost_curve
         See :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter`.
     """
@@ -53,13 +70,22 @@ class DraftModelDrafter(AutoregressiveDrafter):
     name = "draft-model"
 
     def __init__(self, model, *, tokenizer=None, num_draft: int = 4, narrow_kv: bool = True,
-                 **kwargs):
+                 draft_vocab: int | None = None, token_ranking: str | None = None, **kwargs):
         super().__init__(num_draft, **kwargs)
+        self._vocabulary_options(draft_vocab, token_ranking)
         self.model = model
         self.tokenizer = tokenizer
         self.narrow_kv = narrow_kv
         self.runner = ModelRunner(model)
         self.cache = None
+
+    def _vocabulary_options(self, draft_vocab: int | None, ranking: str | None) -> None:
+        if draft_vocab is not None and (isinstance(draft_vocab, bool) or int(draft_vocab) != draft_vocab
+                                        or draft_vocab < 1):
+            raise ValueError(f"draft_vocab must be a positive integer or None, got {draft_vocab!r}")
+        self.draft_vocab = None if draft_vocab is None else int(draft_vocab)
+        self.token_ranking = ranking
+        self._ranking_source = None
 
     @classmethod
     def from_options(cls, options, context) -> "DraftModelDrafter":
@@ -85,11 +111,35 @@ class DraftModelDrafter(AutoregressiveDrafter):
                     f"the draft model's vocabulary ({draft_vocab}) differs from the target's "
                     f"({target_vocab}); speculative decoding needs a shared tokenizer"
                 )
+        self._vocab_ids = None
+        if self.draft_vocab is not None:
+            self._restrict_head(runner, tokenizer)
+
+    def _restrict_head(self, runner: ModelRunner, tokenizer) -> None:
+        """Draft through a copy of the draft model whose LM head scores the ``draft_vocab``
+        most frequent tokens only."""
+        if self.draft_vocab > runner.vocab_size:
+            raise ValueError(f"draft_vocab: {self.draft_vocab} exceeds the vocabulary of "
+                             f"{runner.vocab_size} tokens")
+        order, self._ranking_source = token_ranking(tokenizer, runner.vocab_size,
+                                                    self.token_ranking)
+        key = (self._ranking_source, self.draft_vocab)
+        copies = _RESTRICTED.setdefault(self.model, {})
+        if key not in copies:
+            ids = draft_vocabulary(order, self.draft_vocab)
+            copies[key] = (restricted_head_copy(self.model, ids), ids)
+        restricted, ids = copies[key]
+        self.runner = ModelRunner(restricted)
+        self.runner.cpu_kernels = runner.cpu_kernels
+        self._vocab_ids = ids.to(runner.device)
 
     def describe(self) -> dict:
         out = super().describe()
         out["model"] = getattr(self.model.config, "_name_or_path", type(self.model).__name__)
         out["kv_dtype"] = str(self._kv_dtype() or self.runner.dtype).removeprefix("torch.")
+        if self.draft_vocab is not None:
+            out["draft_vocab"] = self.draft_vocab
+            out["token_ranking"] = self._ranking_source or self.token_ranking
         return out
 
     def _kv_dtype(self) -> torch.dtype | None:

@@ -18,12 +18,12 @@ output the target's either way.
 
 from __future__ import annotations
 
-import copy
 import weakref
 
 import torch
 
 from specdec_kernels.decoding.draft_model import DraftModelDrafter
+from specdec_kernels.decoding.draft_vocabulary import shared_copy
 from specdec_kernels.decoding.drafter import DecodeState
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.models.quantized_weight import (
@@ -56,10 +56,8 @@ def quantized_copy(model, bits: int = 4, group: int = 32, head_bits: int | None 
     first = next(model.parameters())
     if first.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"model: quantized-self needs a float32 or bfloat16 model, got {first.dtype}")
-    # Share every tensor (deepcopy copies the modules, not the weights), then swap the copy's
-    # linear weights for quantized ones.
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    clone = copy.deepcopy(model, memo)
+    # Share every tensor, then swap the copy's linear weights for quantized ones.
+    clone = shared_copy(model)
     head = clone.get_output_embeddings() if hasattr(clone, "get_output_embeddings") else None
     if (head_bits not in (None, bits) and isinstance(head, torch.nn.Linear)
             and not isinstance(head.weight, QuantizedWeight) and head.weight.shape[1] % group == 0):
@@ -92,6 +90,9 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     gguf : str, optional
         Draft with this GGUF file's own weights instead (the target's file, for a target
         loaded at higher precision); ``bits`` and ``group`` are then the file's.
+    draft_vocab, token_ranking
+        The copy's LM head over the ``draft_vocab`` most frequent tokens only (see
+        :class:`~specdec_kernels.decoding.draft_model.DraftModelDrafter`).
     narrow_kv : bool
         The copy's K/V in bfloat16 (default; see
         :class:`~specdec_kernels.decoding.draft_model.DraftModelDrafter`): a draft forward
@@ -108,9 +109,11 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     first_draft_prior = 0.75
 
     def __init__(self, *, num_draft: int = 5, bits: int = 4, group: int = 32, head_bits: int = 8,
-                 gguf: str | None = None, narrow_kv: bool = True, **kwargs):
+                 gguf: str | None = None, narrow_kv: bool = True, draft_vocab: int | None = None,
+                 token_ranking: str | None = None, **kwargs):
         # The draft model is the target's copy, made when the target is known (bind).
         super(DraftModelDrafter, self).__init__(num_draft, **kwargs)
+        self._vocabulary_options(draft_vocab, token_ranking)
         self.narrow_kv = narrow_kv
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
