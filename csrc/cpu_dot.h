@@ -25,6 +25,16 @@ using TileFn = void (*)(const void* x, int64_t ldx, const void* w, int64_t ldw, 
                         const void* bias, void* out, int64_t ldo, const char* prefetch,
                         int prefetch_lines);
 
+// Columns [k0, k1) of a tile, for weights too wide for a weight tile and the row tiles passing
+// over it to share L1: the MR x NR vector accumulators start from `carry` (unless `first`) and
+// go back to it (unless `last`, where they are reduced and stored as out). A tile run block by
+// block over K makes the same FMAs in the same order as one call over all of K: same bits.
+// k0 and every block end but K are multiples of the tile's K step and of a cache line.
+using PartialFn = void (*)(const void* x, int64_t ldx, const void* w, int64_t ldw, int64_t k0,
+                           int64_t k1, int64_t K, bool first, bool last, float* carry,
+                           const void* bias, void* out, int64_t ldo, const char* prefetch,
+                           int prefetch_lines);
+
 // Bounds of the tile tables: MR x rows against NR weight rows, MR * NR vector accumulators in
 // registers. Each instruction set picks its shapes within them (TileTable), for its register
 // file: one-row calls use wider weight tiles so enough independent FMAs are in flight.
@@ -124,23 +134,16 @@ SPECDEC_TARGET_AVX512 __attribute__((always_inline)) inline void store_avx512(
 }
 
 template <typename T, int MR, int NR>
-SPECDEC_TARGET_AVX512 void tile_avx512(const void* xv, int64_t ldx, const void* wv, int64_t ldw,
-                                       int64_t K, const void* biasv, void* outv, int64_t ldo,
-                                       const char* prefetch, int prefetch_lines) {
+SPECDEC_TARGET_AVX512 __attribute__((always_inline)) inline void range_avx512(
+    const T* x, int64_t ldx, const T* w, int64_t ldw, int64_t k0, int64_t k1, int64_t K,
+    __m512 (&acc)[MR][NR], const char*& prefetch, int prefetch_lines) {
   constexpr int64_t kLine = 64 / sizeof(T);  // columns per cache line of a weight row
-  const T* x = static_cast<const T*>(xv);
-  const T* w = static_cast<const T*>(wv);
-  __m512 acc[MR][NR];
-#pragma GCC unroll 8
-  for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 8
-    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  int64_t k = k0;
+  for (; k + 16 <= k1; k += 16) {
     if ((k & (kLine - 1)) == 0) prefetch_step(prefetch, prefetch_lines);
     step_avx512<T, MR, NR>(x, ldx, w, ldw, k, acc);
   }
-  if (k < K) {
+  if (k < k1) {  // the tail of K (only the last block has one)
     const __mmask16 mask = static_cast<__mmask16>((1u << (K - k)) - 1u);
     __m512 wr[NR];
 #pragma GCC unroll 8
@@ -152,7 +155,53 @@ SPECDEC_TARGET_AVX512 void tile_avx512(const void* xv, int64_t ldx, const void* 
       for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_fmadd_ps(xr, wr[n], acc[m][n]);
     }
   }
+}
+
+template <int MR, int NR>
+SPECDEC_TARGET_AVX512 __attribute__((always_inline)) inline void carry_in_avx512(
+    __m512 (&acc)[MR][NR], const float* carry, bool first) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n)
+      acc[m][n] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(carry + (m * NR + n) * 16);
+}
+
+template <int MR, int NR>
+SPECDEC_TARGET_AVX512 __attribute__((always_inline)) inline void carry_out_avx512(
+    const __m512 (&acc)[MR][NR], float* carry) {
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int n = 0; n < NR; ++n) _mm512_storeu_ps(carry + (m * NR + n) * 16, acc[m][n]);
+}
+
+template <typename T, int MR, int NR>
+SPECDEC_TARGET_AVX512 void tile_avx512(const void* xv, int64_t ldx, const void* wv, int64_t ldw,
+                                       int64_t K, const void* biasv, void* outv, int64_t ldo,
+                                       const char* prefetch, int prefetch_lines) {
+  __m512 acc[MR][NR];
+  carry_in_avx512<MR, NR>(acc, nullptr, true);
+  range_avx512<T, MR, NR>(static_cast<const T*>(xv), ldx, static_cast<const T*>(wv), ldw, 0, K,
+                          K, acc, prefetch, prefetch_lines);
   store_avx512<T, MR, NR>(acc, static_cast<const T*>(biasv), static_cast<T*>(outv), ldo);
+}
+
+template <typename T, int MR, int NR>
+SPECDEC_TARGET_AVX512 void partial_avx512(const void* xv, int64_t ldx, const void* wv,
+                                          int64_t ldw, int64_t k0, int64_t k1, int64_t K,
+                                          bool first, bool last, float* carry, const void* biasv,
+                                          void* outv, int64_t ldo, const char* prefetch,
+                                          int prefetch_lines) {
+  __m512 acc[MR][NR];
+  carry_in_avx512<MR, NR>(acc, carry, first);
+  range_avx512<T, MR, NR>(static_cast<const T*>(xv), ldx, static_cast<const T*>(wv), ldw, k0, k1,
+                          K, acc, prefetch, prefetch_lines);
+  if (last) {
+    store_avx512<T, MR, NR>(acc, static_cast<const T*>(biasv), static_cast<T*>(outv), ldo);
+  } else {
+    carry_out_avx512<MR, NR>(acc, carry);
+  }
 }
 
 // bfloat16 x and W with vdpbf16ps: each instruction multiplies 32 pairs exactly and adds them
@@ -299,6 +348,12 @@ struct TileTable {
   bool float_rows = false;  // x is passed as float32 (bfloat16 rows widened by the caller)
   TileFn table[kMaxRowTile][kMaxWeightTile] = {};
   TileFn single[kMaxSingleRowTile] = {};
+  // The same shapes block by block over K (nullptr where the table never blocks), and the
+  // block's columns (0: never blocked). Only the AVX-512 float32 tiles block (128 columns): the default model's float32 decoding linears at 8 / 16 rows took 6-7% less time
+  // on AVX-512, and 4-10% more on the AVX2 path, whose tiles are bound by the FMA rate there
+  // (bench/RESULTS.md, 2026-11-28, twentieth session).
+  PartialFn partial[kMaxRowTile][kMaxWeightTile] = {};
+  int64_t block_columns = 0;
 };
 
 template <template <int, int> class Make, int MR, int... NR>
@@ -306,15 +361,22 @@ void fill_row(TileFn* row, std::integer_sequence<int, NR...>) {
   ((row[NR] = Make<MR, NR + 1>::fn), ...);
 }
 
+template <template <int, int> class Make, int MR, int... NR>
+void fill_partial_row(PartialFn* row, std::integer_sequence<int, NR...>) {
+  ((row[NR] = Make<MR, NR + 1>::partial), ...);
+}
+
 template <template <int, int> class Make, int WeightTile, int... MR>
 void fill_table(TileTable& t, std::integer_sequence<int, MR...>) {
   (fill_row<Make, MR + 1>(t.table[MR], std::make_integer_sequence<int, WeightTile>{}), ...);
+  (fill_partial_row<Make, MR + 1>(t.partial[MR], std::make_integer_sequence<int, WeightTile>{}),
+   ...);
 }
 
 // The tiles Make<mr, nr>::fn of the shape RowTile x WeightTile (and one-row tiles up to
 // SingleRowTile weight rows).
 template <template <int, int> class Make, int RowTile, int WeightTile, int SingleRowTile>
-TileTable make_table(bool float_rows = false) {
+TileTable make_table(bool float_rows = false, int64_t block_columns = 0) {
   static_assert(RowTile <= kMaxRowTile && WeightTile <= kMaxWeightTile &&
                 SingleRowTile <= kMaxSingleRowTile);
   TileTable t;
@@ -322,6 +384,7 @@ TileTable make_table(bool float_rows = false) {
   t.weight_tile = WeightTile;
   t.single_row_tile = SingleRowTile;
   t.float_rows = float_rows;
+  t.block_columns = block_columns;
   fill_table<Make, WeightTile>(t, std::make_integer_sequence<int, RowTile>{});
   fill_row<Make, 1>(t.single, std::make_integer_sequence<int, SingleRowTile>{});
   return t;
@@ -332,6 +395,7 @@ struct PortableTile {
   template <int MR, int NR>
   struct Make {
     static constexpr TileFn fn = &tile_portable<T, MR, NR>;
+    static constexpr PartialFn partial = nullptr;
   };
 };
 
@@ -341,12 +405,15 @@ struct Avx512Tile {
   template <int MR, int NR>
   struct Make {
     static constexpr TileFn fn = &tile_avx512<T, MR, NR>;
+    static constexpr PartialFn partial =
+        std::is_same_v<T, float> ? &partial_avx512<T, MR, NR> : nullptr;
   };
 };
 
 template <int MR, int NR>
 struct Avx512Bf16DotTile {
   static constexpr TileFn fn = &tile_avx512_bf16dp<MR, NR>;
+  static constexpr PartialFn partial = nullptr;
 };
 
 template <typename T>
@@ -354,6 +421,7 @@ struct Avx2Tile {
   template <int MR, int NR>
   struct Make {
     static constexpr TileFn fn = &tile_avx2<T, MR, NR>;
+    static constexpr PartialFn partial = nullptr;
   };
 };
 #endif
@@ -367,7 +435,8 @@ const TileTable& tiles_for(int level) {
   static const TileTable portable = make_table<PortableTile<T>::template Make, 4, 4, 8>();
 #if SPECDEC_X86
   static const TileTable avx2 = make_table<Avx2Tile<T>::template Make, 4, 3, 8>(true);
-  static const TileTable avx512 = make_table<Avx512Tile<T>::template Make, 6, 4, 8>();
+  static const TileTable avx512 = make_table<Avx512Tile<T>::template Make, 6, 4, 8>(
+      false, std::is_same_v<T, float> ? 128 : 0);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     static const TileTable bf16dp = make_table<Avx512Bf16DotTile, 6, 4, 8>();
     if (level >= simd::kAvx512Bf16) return bf16dp;

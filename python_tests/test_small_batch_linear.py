@@ -11,7 +11,7 @@ from specdec_kernels.decoding.cpu_matmul import KernelWeight, RoutedLinears
 
 DTYPES = [torch.float32, torch.bfloat16]
 # Odd sizes: K not a multiple of any vector width, N not a multiple of the weight tile.
-SHAPES = [(1, 1, 1), (1, 7, 5), (2, 13, 37), (3, 33, 16), (5, 129, 95), (8, 64, 577),
+SHAPES = [(1, 1, 1), (1, 7, 5), (2, 13, 37), (3, 33, 16), (5, 129, 95), (8, 64, 577), (7, 11, 2053),
           (17, 19, 1031), (32, 40, 64), (33, 9, 70)]
 
 
@@ -56,7 +56,7 @@ ROWS = 300  # crosses the 128-row passes
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k", [5, 64, 577, 1100, 1536])
+@pytest.mark.parametrize("k", [5, 64, 577, 1100, 1536, 2053])
 def test_batch_invariant(cpu_isa, dtype, k, gen):
     """Each row is bit-identical alone, in any batch (2 .. 300 rows) and at any position."""
     n = 67
