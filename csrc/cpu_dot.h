@@ -350,7 +350,7 @@ struct TileTable {
   TileFn single[kMaxSingleRowTile] = {};
   // The same shapes block by block over K (nullptr where the table never blocks), and the
   // block's columns (0: never blocked). Only the AVX-512 float32 tiles block (128 columns): the default model's float32 decoding linears at 8 / 16 rows took 6-7% less time
-  // on AVX-512, and 4-10% more on the AVX2 path, whose tiles are bound by the FMA rate there
+  // on AVX-512, and up to 14% more on the AVX2 path, whose tiles are bound by the FMA rate there
   // (bench/RESULTS.md, 2026-11-28, twentieth session).
   PartialFn partial[kMaxRowTile][kMaxWeightTile] = {};
   int64_t block_columns = 0;
