@@ -228,3 +228,15 @@ def test_default_model_quantized_self_with_a_draft_vocabulary_is_lossless(loaded
     out = generate(loaded, prompts, drafter=QuantizedSelfDrafter(draft_vocab=4096),
                    max_new_tokens=24)
     assert out.tokens == plain.tokens
+
+
+def test_a_head_without_a_weight_tensor_is_refused_by_name():
+    model = tiny_model("llama", vocab=VOCAB, layers=1)
+
+    class MethodWeight(torch.nn.Module):  # like torch.ao's dynamic quantized Linear
+        def weight(self):
+            return torch.zeros(VOCAB, 32)
+
+    model.set_output_embeddings(MethodWeight())
+    with pytest.raises(ValueError, match="draft_vocab: .* has no LM head weight to restrict"):
+        restricted_head_copy(model, torch.tensor([0, 1]))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numbers
 import weakref
 
 import torch
@@ -80,8 +81,8 @@ class DraftModelDrafter(AutoregressiveDrafter):
         self.cache = None
 
     def _vocabulary_options(self, draft_vocab: int | None, ranking: str | None) -> None:
-        if draft_vocab is not None and (isinstance(draft_vocab, bool) or int(draft_vocab) != draft_vocab
-                                        or draft_vocab < 1):
+        whole = isinstance(draft_vocab, numbers.Integral) and not isinstance(draft_vocab, bool)
+        if draft_vocab is not None and (not whole or draft_vocab < 1):
             raise ValueError(f"draft_vocab must be a positive integer or None, got {draft_vocab!r}")
         self.draft_vocab = None if draft_vocab is None else int(draft_vocab)
         self.token_ranking = ranking
@@ -123,7 +124,7 @@ class DraftModelDrafter(AutoregressiveDrafter):
                              f"{runner.vocab_size} tokens")
         order, self._ranking_source = token_ranking(tokenizer, runner.vocab_size,
                                                     self.token_ranking)
-        key = (self._ranking_source, self.draft_vocab)
+        key = (self.token_ranking, self._ranking_source, self.draft_vocab)
         copies = _RESTRICTED.setdefault(self.model, {})
         if key not in copies:
             ids = draft_vocabulary(order, self.draft_vocab)

@@ -168,8 +168,10 @@ def restricted_head_copy(model: nn.Module, ids: Tensor) -> nn.Module:
     """
     head = model.get_output_embeddings()
     weight = getattr(head, "weight", None)
-    if weight is None or not hasattr(model, "set_output_embeddings"):
-        raise ValueError(f"draft_vocab: {type(model).__name__} has no LM head to restrict")
+    restrictable = isinstance(weight, Tensor) and weight.dim() == 2
+    if not restrictable or not hasattr(model, "set_output_embeddings"):
+        raise ValueError(f"draft_vocab: {type(model).__name__} has no LM head weight to restrict "
+                         f"(its output embedding is {type(head).__name__})")
     rows = weight.shape[0]
     if ids.numel() < 1 or int(ids.min()) < 0 or int(ids.max()) >= rows:
         raise ValueError(f"draft_vocab: ids must lie in [0, {rows}), the head's rows")
