@@ -408,7 +408,7 @@ def _token_ranking():
 
 @dataclass
 class QuantizedSelfOptions(ChainOptions):
-    num_draft: int = _num_draft(5)
+    num_draft: int = _num_draft(7)
     bits: int = choice(4, "weight bits", (4, 8))
     head_bits: int = choice(8, "the LM head's weight bits", (4, 8))
     group: int = integer(32, "values per scale along K")

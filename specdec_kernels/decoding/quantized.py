@@ -73,10 +73,12 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     ----------
     num_draft : int
         Drafts per step ``K`` (the start value when ``adaptive``); the budget may draft fewer.
-        5 by default: the copy agrees with the target on ~96% of tokens, and 5 drafts verify
-        as 6 rows, one row tile of the AVX-512 float kernel. The default model, 12 dev prompts
-        x 128 tokens, 2026-11-28: K = 3 / 4 / 5 / 6 gave 125-129 / 135-140 / 136-143 / 128
-        tokens/s on AVX-512, K = 3 / 4 / 5 121-123 / 123-128 / 131-134 on the AVX2 path.
+        7 by default: the copy agrees with the target on ~96% of tokens, and a block of 8
+        rows costs about one row since the float kernel passes over wide weights in blocks
+        that stay in L1 (twentieth session). The default model, float32, 12 tuning prompts x
+        128 tokens, 2026-11-28 (`results/cpu-2026-11-28/session20/ab_k*.json`): against
+        K = 5, K = 7 gave 1.061-1.074x the tokens/s on AVX-512 (K = 6 0.98x, K = 8 1.08x)
+        and 1.05x on the AVX2 path (K = 6 1.04x). (Before that change, K = 6 lost to K = 5.)
     bits : int
         4 (default: about a seventh of the float32 weight bytes) or 8.
     group : int
@@ -108,7 +110,7 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     #: Measured: the int4 copy of the default model, held-out prompts, first draft 0.76.
     first_draft_prior = 0.75
 
-    def __init__(self, *, num_draft: int = 5, bits: int = 4, group: int = 32, head_bits: int = 8,
+    def __init__(self, *, num_draft: int = 7, bits: int = 4, group: int = 32, head_bits: int = 8,
                  gguf: str | None = None, narrow_kv: bool = True, draft_vocab: int | None = None,
                  token_ranking: str | None = None, **kwargs):
         # The draft model is the target's copy, made when the target is known (bind).
