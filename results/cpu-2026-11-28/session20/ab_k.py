@@ -1,4 +1,4 @@
-"""A/B of QuantizedSelfDrafter(draft_vocab=N) on tuning prompts (never the dev prompts), one
+"""A/B of QuantizedSelfDrafter(num_draft=K) on tuning prompts (never the dev prompts), one
 process, interleaved per prompt. Usage: ab_vocab.py SIZES (comma list, 0 = full) [prompts] [tokens]"""
 import json, sys, time, statistics, torch
 from specdec_kernels.decoding import generate, QuantizedSelfDrafter
@@ -18,8 +18,6 @@ texts = first + second_stage_prompts(outs, count, seed=302) + task_prompts(list(
 prompts = encode_prompts(tok, texts)
 def drafter(n):
     return QuantizedSelfDrafter(num_draft=n)
-    kw = {} if n == 0 else {"draft_vocab": n}
-    return QuantizedSelfDrafter(**kw)
 for n in sizes:  # warm up (and measure draft cost once)
     generate(loaded, prompts[:1], drafter=drafter(n), max_new_tokens=16)
 res = {n: {"s": 0.0, "tokens": 0, "forwards": 0, "out": []} for n in sizes}
