@@ -169,6 +169,40 @@ def test_heads_on_the_package_kernels_are_batch_invariant():
     torch.testing.assert_close(together, heads(x, lm_head), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [64, 67])
+def test_draft_rows_of_a_file_precision_head_stay_quantized_and_are_gathered_once(rows):
+    """A target loaded at its GGUF file's precision has a QuantizedWeight LM head: the shared
+    projection takes its draft-vocabulary rows as they are (no dequantized copy, which cost ~1
+    ms every step when the cache missed), once per head weight, and gives the dense rows'
+    logits up to the quantized kernel's rounding."""
+    from specdec_kernels.models.quantized_weight import QuantizedWeight, quantize_weight
+
+    heads = MedusaHeads(64, rows, 2, 1, draft_ids=torch.tensor([0, 5, 17, 33, rows - 1]))
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.1)
+    lm_head = torch.nn.Linear(64, rows, bias=False)
+    lm_head.weight = torch.nn.Parameter(
+        quantize_weight(torch.randn(rows, 64, generator=torch.Generator().manual_seed(1)), 8, 32),
+        requires_grad=False)
+    first = heads._shared_rows(lm_head)
+    assert isinstance(first, QuantizedWeight) and first.shape == (5, 64)
+    assert heads._shared_rows(lm_head) is first  # cached
+    x = torch.randn(3, 64)
+    logits = heads(x, lm_head)
+    # The kernel's logits of those rows, as the whole head computes them ...
+    full = lm_head.weight.linear(heads.hidden(x))
+    assert torch.equal(logits, full[..., heads.draft_ids])
+    # ... and the dequantized rows' up to its per-row 8-bit activations.
+    dense = torch.nn.Linear(64, rows, bias=False)
+    dense.weight = torch.nn.Parameter(lm_head.weight.dequantize(), requires_grad=False)
+    reference = heads(x, dense)
+    torch.testing.assert_close(logits, reference, rtol=0, atol=0.02 * reference.abs().max().item())
+    lm_head.weight = torch.nn.Parameter(
+        quantize_weight(torch.randn(rows, 64), 8, 32), requires_grad=False)
+    assert heads._shared_rows(lm_head) is not first  # a new head weight: gathered again
+
+
 def write_fasterdecoding(folder, heads_list, num_layers, fmt):
     """A checkpoint in FasterDecoding/Medusa's layout: the state dict of a ModuleList of
     Sequential(ResBlock(linear) x L, Linear(H, V, bias=False)), plus its config.json."""

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from specdec_kernels.models.quantized_weight import QuantizedWeight, pack_panels, set_weight
+from specdec_kernels.models.quantized_weight import set_weight, weight_rows
 
 __all__ = [
     "DEFAULT_RANKING",
@@ -179,12 +179,7 @@ def restricted_head_copy(model: nn.Module, ids: Tensor) -> nn.Module:
     bias = getattr(head, "bias", None)
     new = nn.Linear(weight.shape[1], ids.numel(), bias=bias is not None,
                     device="meta")
-    if isinstance(weight, QuantizedWeight):
-        qweight, scales, mins = weight._row_parts(ids)
-        set_weight(new, pack_panels(QuantizedWeight(qweight, scales, mins, dtype=weight.dtype,
-                                                    kind=weight.kind)))
-    else:
-        set_weight(new, weight.detach()[ids].clone())
+    set_weight(new, weight_rows(weight, ids))
     if bias is not None:
         new.bias = nn.Parameter(bias.detach()[ids].clone(), requires_grad=False)
     clone = shared_copy(model)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from specdec_kernels.models.quantized_weight import QuantizedWeight, weight_rows
 from specdec_kernels.weight_files import read_json, read_safetensors, read_torch_weights
 
 __all__ = [
@@ -179,11 +180,14 @@ class MedusaHeads(nn.Module):
         weight = lm_head.weight
         if self.draft_ids is None:
             return weight
-        key = (weight.data_ptr(), weight.device, weight.dtype, self.draft_ids.device)
-        if self._rows_cache is None or self._rows_cache[0] != key:
-            rows = weight.detach()[self.draft_ids.to(weight.device)].contiguous()
-            self._rows_cache = (key, rows)
-        return self._rows_cache[1]
+        # Keyed by the weight itself and, for a dense one, its data (``module.to`` swaps
+        # ``.data`` in place); a file-precision weight has no data of its own to point at.
+        pointer = None if isinstance(weight, QuantizedWeight) else weight.data_ptr()
+        key = (pointer, weight.device, weight.dtype, self.draft_ids.device)
+        cached = self._rows_cache
+        if cached is None or cached[0] is not weight or cached[1] != key:
+            self._rows_cache = (weight, key, weight_rows(weight, self.draft_ids))
+        return self._rows_cache[2]
 
     def _dtype(self) -> torch.dtype:
         for p in self.parameters():
