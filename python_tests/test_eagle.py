@@ -303,7 +303,7 @@ def test_draft_network_runs_on_the_runners_linear_kernels(tiny, monkeypatch):
     real = ops.small_batch_linear
     monkeypatch.setattr(ops, "small_batch_linear",
                         lambda x, w, b=None: weights.append(w.data_ptr()) or real(x, w, b))
-    drafter = EagleDrafter(random_draft(tiny))
+    drafter = EagleDrafter(random_draft(tiny), draft_dtype="float32")
     out = generate(tiny, [[1, 2, 3]], drafter=drafter, max_new_tokens=6, eos_token_id=[])
     draft, layer = drafter.draft, drafter.draft.midlayer
     alone = {m.weight.data_ptr() for m in (draft.fc, layer.self_attn.o_proj,
@@ -374,7 +374,7 @@ def test_bfloat16_draft_keeps_the_output_and_the_callers_network(tiny):
     assert drafter.draft.fc.weight.dtype == torch.bfloat16
     assert drafter.describe()["draft_dtype"] == "bfloat16"
     assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
-    with pytest.raises(ValueError, match="draft_dtype must be float32, bfloat16 or int8"):
+    with pytest.raises(ValueError, match="draft_dtype must be auto, float32, bfloat16 or int8"):
         EagleDrafter(draft, draft_dtype="float16")
 
 
@@ -400,6 +400,27 @@ def test_int8_draft_keeps_the_output_and_the_callers_network(tiny):
     full = generate(tiny, prompts, drafter=EagleDrafter(draft, **kwargs), max_new_tokens=10,
                     eos_token_id=[])
     assert abs(out.stats.tau - full.stats.tau) < 0.5 * full.stats.tau
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False])
+def test_auto_draft_dtype_is_int8_on_the_package_cpu_kernels_only(tiny, cpu_kernels):
+    """The default draft dtype: int8 weights where the target runs the package's CPU kernels
+    (where it measured faster), float32 otherwise; the caller's network keeps its float32
+    weights either way, and the output is the plain loop's."""
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+    draft = random_draft(tiny)
+    before = {k: v.clone() for k, v in draft.state_dict().items()}
+    drafter = EagleDrafter(draft, max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    prompts = [PROMPT, [5, 2, 9]]
+    out = generate(tiny, prompts, drafter=drafter, max_new_tokens=10, eos_token_id=[],
+                   cpu_kernels=cpu_kernels)
+    plain = generate(tiny, prompts, max_new_tokens=10, eos_token_id=[], cpu_kernels=cpu_kernels)
+    assert out.tokens == plain.tokens
+    assert isinstance(drafter.draft.fc.weight, QuantizedWeight) == cpu_kernels
+    assert drafter.describe()["draft_dtype"] == ("int8" if cpu_kernels else "float32")
+    assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
+    assert not isinstance(draft.fc.weight, QuantizedWeight)
 
 
 def test_a_depth_is_expanded_only_when_it_pays_for_itself(tiny):
@@ -580,7 +601,8 @@ def test_published_checkpoint_loads_and_drafts(tiny, tmp_path, layout):
         save_file(weights, str(folder / "model.safetensors"))
     else:
         torch.save(weights, str(folder / "pytorch_model.bin"))
-    drafter = EagleDrafter(str(folder), max_nodes=8, cost_curve={1: 1.0, 64: 1.0})
+    drafter = EagleDrafter(str(folder), max_nodes=8, draft_dtype="float32",
+                           cost_curve={1: 1.0, 64: 1.0})
     out = generate(tiny, [PROMPT], drafter=drafter, max_new_tokens=12, eos_token_id=[])
     assert out.tokens[0] == hf_greedy(tiny, PROMPT, 12)
     assert drafter.draft.config.capture_layers == default_points

@@ -461,9 +461,10 @@ class EagleOptions:
     max_depth: int = _max_depth(6)
     max_nodes: int = _max_nodes(48)
     cost_curve: object = _cost_curve()
-    draft_dtype: str = choice("float32", "the draft network's weights and activations "
-                              "(int8: int8 weights in groups of 32, float32 activations)",
-                              ("float32", "bfloat16", "int8"))
+    draft_dtype: str = choice("auto", "the draft network's weights and activations "
+                              "(int8: int8 weights in groups of 32, float32 activations; auto: "
+                              "int8 on the package's CPU kernels, else float32)",
+                              ("auto", "float32", "bfloat16", "int8"))
 
 
 @dataclass
