@@ -172,9 +172,9 @@ def test_heads_on_the_package_kernels_are_batch_invariant():
 @pytest.mark.parametrize("rows", [64, 67])
 def test_draft_rows_of_a_file_precision_head_stay_quantized_and_are_gathered_once(rows):
     """A target loaded at its GGUF file's precision has a QuantizedWeight LM head: the shared
-    projection takes its draft-vocabulary rows as they are (no dequantized copy, which cost ~1
-    ms every step when the cache missed), once per head weight, and gives the dense rows'
-    logits up to the quantized kernel's rounding."""
+    projection takes its draft-vocabulary rows as they are (no dequantized float32 copy of the
+    whole head), once per head weight, and gives the dense rows' logits up to the quantized
+    kernel's rounding."""
     from specdec_kernels.models.quantized_weight import QuantizedWeight, quantize_weight
 
     heads = MedusaHeads(64, rows, 2, 1, draft_ids=torch.tensor([0, 5, 17, 33, rows - 1]))

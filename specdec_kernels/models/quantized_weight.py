@@ -351,8 +351,10 @@ def pack_model_panels(model: nn.Module) -> int:
 def weight_rows(weight: Tensor, ids: Tensor) -> Tensor:
     """Rows ``ids`` of a linear's weight ``[N, K]`` as a weight ``[len(ids), K]`` of its own
     (an LM head over a draft vocabulary). A :class:`QuantizedWeight` keeps those rows' values,
-    scales and mins as they are (in the kernel's panels where they fit): dequantizing the
-    default model's file-precision head to take 4096 rows cost ~1 ms a call.
+    scales and mins as they are (in the kernel's panels where they fit): for 4096 rows of the
+    default model's file-precision head, 4 ms once and 2.5 MB (a product then reads a quarter
+    of the dense rows' bytes), where dequantizing the whole head to take them took 77 ms and
+    kept 9.4 MB of float32 rows.
 
     Parameters
     ----------
