@@ -2,7 +2,8 @@
 latency of one decoding forward (one token after a prefix already in the cache) of the default
 model as the engine runs it (fp32, the package's CPU kernels) and of its int4 and int8 copies
 (``QuantizedSelfDrafter``'s draft models, ``quantized_linear``; ``int4-copy`` with an int4 LM
-head, ``int4-copy-head8`` with the drafter's default int8 head; the copies' K/V in bfloat16 as
+head, ``int4-copy-head8`` with an int8 head, ``int4-copy-rerank4`` with an int4 head whose top 4
+logits are re-scored with the target's rows (``rerank=4``); the copies' K/V in bfloat16 as
 the drafter keeps them, ``narrow_kv``, and ``int4-copy-head8-f32kv`` in float32),
 interleaved, median over repeats. ``--draft-vocab N`` (repeatable) adds
 ``int4-copy-head8-vocabN``: that copy with its LM head over the ``N`` most frequent tokens
@@ -59,6 +60,7 @@ def main(argv=None) -> dict:
     int4 = quantized_copy(target, bits=4, group=32)
     quantize_seconds = time.perf_counter() - start
     int4_head8 = quantized_copy(target, bits=4, group=32, head_bits=8)
+    int4_rerank4 = quantized_copy(target, bits=4, group=32, head_bits=4, rerank=4)
     int8 = quantized_copy(target, bits=8, group=32)
     file_precision = load_model(weights="file").model
     head8 = ModelRunner(int4_head8)
@@ -66,6 +68,7 @@ def main(argv=None) -> dict:
     runners = {"fp32-target": (ModelRunner(target), None),
                "int4-copy": (ModelRunner(int4), narrow),
                "int4-copy-head8": (head8, narrow), "int4-copy-head8-f32kv": (head8, None),
+               "int4-copy-rerank4": (ModelRunner(int4_rerank4), narrow),
                "int8-copy": (ModelRunner(int8), narrow),
                "gguf-file": (ModelRunner(file_precision), None)}
     order, _ = token_ranking(loaded.tokenizer, head8.vocab_size)

@@ -343,6 +343,9 @@ def test_quantized_copy_leaves_the_target_alone(tiny):
         QuantizedSelfDrafter(bits=4, group=16)
     with pytest.raises(ValueError, match="head_bits must be 4 or 8, got 6"):
         QuantizedSelfDrafter(head_bits=6)
+    for bad in (-1, 65, 2.0, True):
+        with pytest.raises(ValueError, match="rerank must be an integer in"):
+            QuantizedSelfDrafter(rerank=bad)
 
 
 @pytest.mark.parametrize("head_bits", [4, 8])
@@ -365,6 +368,70 @@ def test_quantized_copy_holds_its_lm_head_at_head_bits(tiny, head_bits):
     other = quantized_copy(tiny, bits=4, group=32, head_bits=12 - head_bits)
     other_error = (other.get_output_embeddings().weight.dequantize().float() - dense).norm()
     assert (error < other_error) == (head_bits == 8)
+    # An int8 copy's groups of 16 are too small for an int4 head: it takes groups of 32.
+    mixed = quantized_copy(tiny, bits=8, group=16, head_bits=4).get_output_embeddings().weight
+    assert mixed.kind == "int4/g32"
+
+
+@pytest.mark.parametrize("rows, candidates", [(64, 1), (64, 4), (67, 5)])  # panels; rows
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candidates, dtype):
+    """Each row's ``candidates`` best coarse logits become the exact rows' (bias included), the
+    others stay the coarse head's; a row's logits are the same bits alone or in a batch."""
+    from specdec_kernels.models.quantized_weight import (
+        RerankedWeight,
+        pack_panels,
+        quantize_weight,
+    )
+
+    gen = torch.Generator().manual_seed(rows + candidates)
+    exact = torch.randn(rows, 64, generator=gen).to(dtype)
+    coarse = pack_panels(quantize_weight(exact, 4, 32))
+    head = RerankedWeight(coarse, exact, candidates)
+    x = torch.randn(2, 5, 64, generator=gen).to(dtype)
+    bias = torch.randn(rows, generator=gen).to(dtype)
+    out = torch.nn.functional.linear(x, head, bias)
+    rough = coarse.linear(x, bias)
+    top = rough.topk(candidates, -1).indices
+    want = rough.scatter(-1, top, ((exact[top] * x.unsqueeze(-2)).sum(-1) + bias[top]).to(dtype))
+    assert torch.equal(out, want)
+    dense = torch.nn.functional.linear(x.float(), exact.float(), bias.float())
+    torch.testing.assert_close(out.gather(-1, top).float(), dense.gather(-1, top),
+                               rtol=2e-2, atol=2e-2)
+    alone = torch.cat([torch.nn.functional.linear(x[i : i + 1, j : j + 1], head, bias)
+                       for i in range(2) for j in range(5)]).view_as(out)
+    assert torch.equal(out, alone)
+    assert isinstance(head.to(dtype), RerankedWeight)
+    with pytest.raises(ValueError, match="candidates must be in"):
+        RerankedWeight(coarse, exact, 0)
+    with pytest.raises(ValueError, match="exact rows must match the coarse head"):
+        RerankedWeight(coarse, exact[:-1], 2)
+
+
+def test_reranked_copy_agrees_with_the_target_where_the_int4_head_does_not(tiny):
+    """quantized_copy(rerank=N) keeps the int4 head and re-scores its top N with the target's
+    own (shared) rows: on a tiny model its argmax agrees with the dense head's at least as
+    often as the bare int4 head's, and the greedy output of the drafter stays the target's."""
+    from specdec_kernels.decoding.quantized import quantized_copy
+    from specdec_kernels.models.quantized_weight import RerankedWeight
+
+    q = quantized_copy(tiny, bits=4, group=32, head_bits=4, rerank=3)
+    head = q.get_output_embeddings().weight
+    dense = tiny.get_output_embeddings().weight
+    assert isinstance(head, RerankedWeight) and head.exact.data_ptr() == dense.data_ptr()
+    bare = quantized_copy(tiny, bits=4, group=32, head_bits=4).get_output_embeddings().weight
+    assert not isinstance(bare, RerankedWeight)
+    x = torch.randn(400, dense.shape[1], generator=torch.Generator().manual_seed(0))
+    want = (x @ dense.detach().T).argmax(-1)
+    agree = (torch.nn.functional.linear(x, head).argmax(-1) == want).float().mean()
+    agree_bare = (torch.nn.functional.linear(x, bare).argmax(-1) == want).float().mean()
+    assert agree >= agree_bare and agree > 0.95
+    prompts = [PROMPT, [5, 2, 9]]
+    drafter = QuantizedSelfDrafter(head_bits=4, rerank=3, num_draft=3,
+                                   cost_curve={1: 1.0, 64: 1.0})
+    out = generate(tiny, prompts, drafter=drafter, max_new_tokens=10, eos_token_id=[])
+    assert out.tokens == generate(tiny, prompts, max_new_tokens=10, eos_token_id=[]).tokens
+    assert "top 3 re-scored" in out.stats.drafter["model"]
 
 
 # ---------------------------------------------------------------------------- default model

@@ -408,9 +408,11 @@ def _token_ranking():
 
 @dataclass
 class QuantizedSelfOptions(ChainOptions):
-    num_draft: int = _num_draft(7)
+    num_draft: int = _num_draft(11)
     bits: int = choice(4, "weight bits", (4, 8))
-    head_bits: int = choice(8, "the LM head's weight bits", (4, 8))
+    head_bits: int = choice(4, "the LM head's weight bits", (4, 8))
+    rerank: int = integer(4, "re-score the head's top N logits of each row with the target's "
+                          "own rows (0: off)", low=0)
     group: int = integer(32, "values per scale along K")
     gguf: str | None = text(None, "draft with this GGUF file's own weights")
     narrow_kv: bool = switch(True, "the draft's K/V in bfloat16 (float32 drafts on the CPU kernels)")

@@ -28,6 +28,7 @@ from specdec_kernels.decoding.drafter import DecodeState
 from specdec_kernels.decoding.runner import ModelRunner
 from specdec_kernels.models.quantized_weight import (
     QuantizedWeight,
+    RerankedWeight,
     quantize_model,
     quantize_weight,
     set_weight,
@@ -35,18 +36,26 @@ from specdec_kernels.models.quantized_weight import (
 
 __all__ = ["QuantizedSelfDrafter", "quantized_copy"]
 
+#: The smallest group along K the kernel takes per weight bits.
+SMALLEST_GROUP = {4: 32, 8: 16}
+
 # One quantized copy per (target model object, bits, group): quantizing takes seconds.
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _GGUF_DRAFTS: dict = {}
 
 
-def quantized_copy(model, bits: int = 4, group: int = 32, head_bits: int | None = None):
+def quantized_copy(model, bits: int = 4, group: int = 32, head_bits: int | None = None,
+                   rerank: int = 0):
     """A copy of ``model`` whose ``nn.Linear`` weights are quantized to ``bits`` (4 or 8) in
     groups of ``group`` values along K (see
     :func:`~specdec_kernels.models.quantized_weight.quantize_weight`), the LM head to
-    ``head_bits`` (default ``bits``); every other tensor is shared with ``model``, which is
+    ``head_bits`` (default ``bits``; in groups of at least :data:`SMALLEST_GROUP` for its
+    bits, an int8 copy's groups of 16 being too small for an int4 head); every other tensor is
+    shared with ``model``, which is
     left untouched. Weights already quantized (a model loaded at its GGUF file's precision) are
-    kept as they are.
+    kept as they are. ``rerank > 0``: the quantized head's ``rerank`` best logits of every row
+    are computed again with ``model``'s own (dense) head rows
+    (:class:`~specdec_kernels.models.quantized_weight.RerankedWeight`).
 
     Raises
     ------
@@ -59,11 +68,18 @@ def quantized_copy(model, bits: int = 4, group: int = 32, head_bits: int | None 
     # Share every tensor, then swap the copy's linear weights for quantized ones.
     clone = shared_copy(model)
     head = clone.get_output_embeddings() if hasattr(clone, "get_output_embeddings") else None
+    head_group = max(group, SMALLEST_GROUP[head_bits]) if head_bits in SMALLEST_GROUP else group
     if (head_bits not in (None, bits) and isinstance(head, torch.nn.Linear)
-            and not isinstance(head.weight, QuantizedWeight) and head.weight.shape[1] % group == 0):
+            and not isinstance(head.weight, QuantizedWeight)
+            and head.weight.shape[1] % head_group == 0):
         # Quantized first, so quantize_model keeps it (a tied embedding keeps the float one).
-        set_weight(head, quantize_weight(head.weight, head_bits, group))
-    return quantize_model(clone, bits, group).eval()
+        set_weight(head, quantize_weight(head.weight, head_bits, head_group))
+    clone = quantize_model(clone, bits, group).eval()
+    dense = getattr(model.get_output_embeddings(), "weight", None) if head is not None else None
+    if (rerank and isinstance(getattr(head, "weight", None), QuantizedWeight)
+            and isinstance(dense, torch.Tensor) and not isinstance(dense, QuantizedWeight)):
+        set_weight(head, RerankedWeight(head.weight, dense.detach(), rerank))
+    return clone
 
 
 class QuantizedSelfDrafter(DraftModelDrafter):
@@ -73,22 +89,32 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     ----------
     num_draft : int
         Drafts per step ``K`` (the start value when ``adaptive``); the budget may draft fewer.
-        7 by default: the copy agrees with the target on ~96% of tokens, and a block of 8
-        rows costs about one row since the float kernel passes over wide weights in blocks
-        that stay in L1 (twentieth session). The default model, float32, 12 tuning prompts x
-        128 tokens, 2026-11-28 (`results/cpu-2026-11-28/session20/ab_k*.json`): against
-        K = 5, K = 7 gave 1.061-1.074x the tokens/s on AVX-512 (K = 6 0.98x, K = 8 1.08x)
-        and 1.05x on the AVX2 path (K = 6 1.04x). (Before that change, K = 6 lost to K = 5.)
+        11 by default: with the re-scored head (``rerank``) the copy agrees with the target
+        on ~98% of tokens, and a block of 12 rows costs little more than one row. The default
+        model, float32, 12 tuning prompts x 128 tokens, 2026-11-28
+        (`results/cpu-2026-11-28/session21/ab_head*.txt`): with the int4 head re-scored,
+        K = 11 gave 1.10x the tokens/s of K = 7 with the int8 head on AVX-512 (K = 9 1.06x,
+        K = 13 1.10x, K = 15 1.09x) and 1.04x on the AVX2 path (K = 13 1.02x), 1.06x at
+        temperature 0.7 (AVX-512).
     bits : int
         4 (default: about a seventh of the float32 weight bytes) or 8.
     group : int
         Values per scale along K (a power of two, >= 32 for 4 bits, >= 16 for 8 bits).
     head_bits : int
-        The LM head's bits, 8 (default) or 4. A 4-bit file keeps its output matrix at 6-8 bits
-        for a reason (llama.cpp's Q4_K_M: Q6_K): with an int4 head the default model's int4
-        copy agreed with the target's next token on 84.9% of positions, with an int8 head on
-        96.5% (dense: 97.1%; teacher-forced over 300 tokens of 5 dev prompts, 2026-11-28), for
-        12 MB more a draft forward.
+        The LM head's bits, 4 (default) or 8. Alone, an int4 head loses agreement (a 4-bit
+        file keeps its output matrix at 6-8 bits for this reason, llama.cpp's Q4_K_M: Q6_K):
+        the default model's int4 copy agreed with the target's next token on 84.9% of
+        positions with an int4 head, 96.5% with an int8 head (dense: 97.1%; teacher-forced over
+        300 tokens of 5 dev prompts, 2026-11-28). Re-scored (``rerank``), the int4 head agrees
+        as the dense one does and reads 12 MB less a draft forward than the int8 head.
+    rerank : int
+        The head's ``rerank`` best logits of every row computed again with the target's own
+        head rows (shared, no copy; see
+        :class:`~specdec_kernels.models.quantized_weight.RerankedWeight`); 0 turns it off.
+        4 by default: over 768 teacher-forced positions of the default model's answers, the
+        int4 head's top 4 re-scored agreed with the target on 97.9% (top 2: 97.3%; int8 head
+        97.4%, dense 97.9%), for ~0.1 ms a draft forward (the draft token: 0.228 of the float32
+        target token against 0.237 with the int8 head, `bench.quantized_cost`, AVX-512).
     gguf : str, optional
         Draft with this GGUF file's own weights instead (the target's file, for a target
         loaded at higher precision); ``bits`` and ``group`` are then the file's.
@@ -110,9 +136,9 @@ class QuantizedSelfDrafter(DraftModelDrafter):
     #: Measured: the int4 copy of the default model, held-out prompts, first draft 0.76.
     first_draft_prior = 0.75
 
-    def __init__(self, *, num_draft: int = 7, bits: int = 4, group: int = 32, head_bits: int = 8,
-                 gguf: str | None = None, narrow_kv: bool = True, draft_vocab: int | None = None,
-                 token_ranking: str | None = None, **kwargs):
+    def __init__(self, *, num_draft: int = 11, bits: int = 4, group: int = 32, head_bits: int = 4,
+                 rerank: int = 4, gguf: str | None = None, narrow_kv: bool = True,
+                 draft_vocab: int | None = None, token_ranking: str | None = None, **kwargs):
         # The draft model is the target's copy, made when the target is known (bind).
         super(DraftModelDrafter, self).__init__(num_draft, **kwargs)
         self._vocabulary_options(draft_vocab, token_ranking)
@@ -121,10 +147,13 @@ class QuantizedSelfDrafter(DraftModelDrafter):
             raise ValueError(f"bits must be 4 or 8, got {bits}")
         if head_bits not in (4, 8):
             raise ValueError(f"head_bits must be 4 or 8, got {head_bits}")
-        smallest = 32 if bits == 4 else 16
+        smallest = SMALLEST_GROUP[bits]
         if group < smallest or group & (group - 1):
             raise ValueError(f"group must be a power of two >= {smallest} for {bits} bits, got {group}")
+        if isinstance(rerank, bool) or not isinstance(rerank, int) or not 0 <= rerank <= 64:
+            raise ValueError(f"rerank must be an integer in [0, 64], got {rerank!r}")
         self.bits, self.group, self.head_bits, self.gguf = bits, group, head_bits, gguf
+        self.rerank = rerank
         self.model = None
         self.tokenizer = None
         self.runner = None
@@ -145,9 +174,10 @@ class QuantizedSelfDrafter(DraftModelDrafter):
                 _GGUF_DRAFTS[key] = load_model(self.gguf, dtype=dtype, weights="file").model
             return _GGUF_DRAFTS[key]
         copies = _COPIES.setdefault(target, {})
-        key = (self.bits, self.group, self.head_bits)
+        key = (self.bits, self.group, self.head_bits, self.rerank)
         if key not in copies:
-            copies[key] = quantized_copy(target, self.bits, self.group, self.head_bits)
+            copies[key] = quantized_copy(target, self.bits, self.group, self.head_bits,
+                                         self.rerank)
         return copies[key]
 
     def bind(self, runner: ModelRunner, tokenizer) -> None:
@@ -174,7 +204,10 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         if self.gguf is not None:
             out["model"] = f"the GGUF file's own weights ({self.gguf})"
         else:
-            out["model"] = (f"int{self.bits} copy of the target (LM head int{self.head_bits}), "
+            head = f"LM head int{self.head_bits}"
+            if isinstance(getattr(self.model.get_output_embeddings(), "weight", None), RerankedWeight):
+                head += f", its top {self.rerank} re-scored with the target's rows"
+            out["model"] = (f"int{self.bits} copy of the target ({head}), "
                             f"groups of {self.group} (quantized_linear)")
         return out
 
