@@ -379,6 +379,7 @@ def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candi
     """Each row's ``candidates`` best coarse logits become the exact rows' (bias included), the
     others stay the coarse head's; a row's logits are the same bits alone or in a batch."""
     from specdec_kernels.models.quantized_weight import (
+        QuantizedWeight,
         RerankedWeight,
         pack_panels,
         quantize_weight,
@@ -402,6 +403,20 @@ def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candi
                        for i in range(2) for j in range(5)]).view_as(out)
     assert torch.equal(out, alone)
     assert isinstance(head.to(dtype), RerankedWeight)
+    # A draft vocabulary's rows of it stay re-scored: its logits at those columns.
+    from specdec_kernels.models.quantized_weight import weight_rows
+
+    ids = torch.tensor([0, 3, 17, 40, rows - 1])
+    part = weight_rows(head, ids)
+    assert isinstance(part, RerankedWeight) and part.candidates == min(candidates, 5)
+    part_out = torch.nn.functional.linear(x, part)
+    assert torch.equal(part.dequantize(), coarse.dequantize()[ids])
+    want_part = QuantizedWeight.linear(part, x)  # its coarse logits (the row layout's rounding)
+    top = want_part.topk(part.candidates, -1).indices
+    rows_exact = exact[ids]
+    want_part = want_part.scatter(
+        -1, top, (rows_exact[top] * x.unsqueeze(-2)).sum(-1).to(dtype))
+    assert torch.equal(part_out, want_part)
     with pytest.raises(ValueError, match="candidates must be in"):
         RerankedWeight(coarse, exact, 0)
     with pytest.raises(ValueError, match="exact rows must match the coarse head"):

@@ -422,13 +422,17 @@ def weight_rows(weight: Tensor, ids: Tensor) -> Tensor:
     Returns
     -------
     Tensor
-        ``[M, K]``: a dense copy, or a :class:`QuantizedWeight` of ``weight``'s dtype.
+        ``[M, K]``: a dense copy, or a :class:`QuantizedWeight` of ``weight``'s dtype (a
+        :class:`RerankedWeight` over those rows for one).
     """
     ids = ids.to(weight.device)
     if isinstance(weight, QuantizedWeight):
         qweight, scales, mins = weight._row_parts(ids)
-        return pack_panels(QuantizedWeight(qweight, scales, mins, dtype=weight.dtype,
+        rows = pack_panels(QuantizedWeight(qweight, scales, mins, dtype=weight.dtype,
                                            kind=weight.kind))
+        if isinstance(weight, RerankedWeight):  # those rows, still re-scored
+            return RerankedWeight(rows, weight.exact[ids], min(weight.candidates, len(ids)))
+        return rows
     return weight.detach()[ids].clone()
 
 
