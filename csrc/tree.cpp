@@ -607,10 +607,10 @@ struct AttentionTask {
 // Keys per piece of a task's scores and head dims per piece of its value sums, when a step has
 // fewer tasks than threads to keep busy (decoding one token: one task per KV head). The AVX2
 // value sums work in blocks of 32 dims; the AVX-512 ones hold 64 dims (4 registers) a row, and
-// in pieces of 32 every piece walked all the keys at half width: decoding one token at 2048
-// keys of the default model's shape took 95 us a layer split so, 76 us in pieces of 64 and 69
-// us not split at all, against 99 / 122 us for the AVX2 path split in 32 or not split (2-core
-// Zen 5, 2026-11-28, bench/RESULTS.md).
+// in pieces of 32 every piece walked all the keys at half width: decoding one token of the
+// default model's shape took 95 / 613 us a layer at 2048 / 8192 keys split so, 76 / 378 us in
+// pieces of 64 and 69 / 430 us not split at all; the AVX2 path took 99 us split in 32 and 122
+// not split at 2048 (float32, 2 threads, 2-core Zen 5, 2026-11-28, bench/RESULTS.md).
 constexpr int64_t kKeyPiece = 256;
 constexpr int64_t kDimPiece = 32;
 constexpr int64_t kDimPieceAvx512 = 64;
