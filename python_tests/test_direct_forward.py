@@ -150,6 +150,9 @@ def test_stack_arguments_are_rebuilt_when_an_entry_they_read_is_replaced(entry):
         new = new.qweight
     else:
         new = _replace(model, entry)
+    if entry.endswith(" data"):  # no registration announces it: seen after refresh()
+        assert direct.stack_arguments(torch.float32, direct.num_layers, takes) is first
+        direct.refresh()
     again = direct.stack_arguments(torch.float32, direct.num_layers, takes)
     assert again is not first
     norms, linears = again[0], again[1]
@@ -209,6 +212,43 @@ def test_exit_layer_out_of_range_is_refused_on_both_paths():
         cache = runner.new_cache(1, 32)
         with torch.inference_mode(), pytest.raises(ValueError, match="exit_layer must be in"):
             runner.forward(cache, torch.tensor([[1, 2]]), [0], exit_layer=3)
+
+
+def test_stack_arguments_stay_cached_across_unrelated_registrations_and_hooks():
+    model = tiny_model("llama", vocab=61)
+    direct = DirectForward(model)
+    takes = lambda *args: True  # noqa: E731
+    first = direct.stack_arguments(torch.float32, direct.num_layers, takes)
+    other = torch.nn.Linear(3, 3)  # another module registers parameters: every weight is read again
+    other.weight = torch.nn.Parameter(torch.zeros(3, 3))
+    assert direct.stack_arguments(torch.float32, direct.num_layers, takes) is first
+    direct.refresh()
+    assert direct.stack_arguments(torch.float32, direct.num_layers, takes) is first
+    assert not direct.hooked()
+    handle = other.register_forward_hook(lambda *a: None)  # a hook elsewhere
+    assert not direct.hooked()
+    inner = model.model.layers[0].mlp.register_forward_pre_hook(lambda *a: None)
+    assert direct.hooked() and direct.hooked()
+    inner.remove()
+    assert not direct.hooked()
+    handle.remove()
+
+
+@torch.inference_mode()
+def test_a_weight_swapped_in_place_between_generations_is_seen():
+    model = tiny_model("llama", vocab=61)
+    direct, own = runners(model)
+    outs = []
+    for scale in (1.0, 1.5):
+        layer = model.model.layers[1].mlp.down_proj
+        layer.weight.data = layer.weight.data * scale  # as module.to does: the same Parameter
+        for r in (direct, own):
+            cache = r.new_cache(1, 32)
+            r.prefill(cache, prompts(61)[:1])
+            outs.append(r.forward(cache, torch.tensor([[5]]), cache.host_lens))
+    assert_equal(outs[0], outs[1])
+    assert_equal(outs[2], outs[3])
+    assert not torch.equal(outs[0], outs[2])
 
 
 @torch.inference_mode()

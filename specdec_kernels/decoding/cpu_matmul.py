@@ -160,7 +160,7 @@ class RoutedLinears:
 
     def __init__(self, module: torch.nn.Module):
         self._layers = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
-        self._views: dict = {}  # id(layer) -> (weight, its KernelWeight)
+        self._views: dict = {}  # id(layer) -> (weight, its data pointer, its KernelWeight)
 
     def __call__(self, gemm_rows: int | None = None):
         """A context in which the layers run the kernel; linears of at least ``gemm_rows`` rows
@@ -177,12 +177,14 @@ class RoutedLinears:
             if weight is None or isinstance(weight, (KernelWeight, QuantizedWeight)):
                 continue
             known = self._views.get(id(layer))
-            if known is None or known[0] is not weight:
+            # The same Parameter may hold new data (``param.data = ...``, as ``module.to`` does):
+            # the view of the old storage would be stale.
+            if known is None or known[0] is not weight or known[1] != weight.data_ptr():
                 if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2:
                     continue
-                known = (weight, KernelWeight.of(weight))
+                known = (weight, weight.data_ptr(), KernelWeight.of(weight))
                 self._views[id(layer)] = known
-            layer._parameters["weight"] = known[1]
+            layer._parameters["weight"] = known[2]
             swapped.append((layer, weight))
         return swapped
 

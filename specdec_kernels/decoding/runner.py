@@ -316,6 +316,8 @@ class ModelRunner:
                 + (f" or {narrow}" if narrow else "")
                 + " (a narrower cache needs a float32 model on the package's CPU kernels)"
             )
+        if self._direct:  # a new generation: weights swapped in place since are seen
+            self._direct.refresh()
         return KVCache(self.num_layers, batch, capacity, self.device, dtype=kv_dtype)
 
     def narrow_kv_dtype(self) -> torch.dtype | None:

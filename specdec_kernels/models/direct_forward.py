@@ -15,8 +15,9 @@ Every result is bit-identical to the model's own forward with the same linears a
 and weight format, with randomised norm weights), and every row is computed on its own, so a
 row's result is the same bits in any block (batch-invariant, tested). A step costs about a
 third less than the model's forward (``python3 -m bench.direct_forward``). The model is not
-modified; its modules are found once and their parameters read on every call, so a replaced
-weight is seen.
+modified; its modules are found once, and a weight replaced (or registered anew) is seen on
+the next call, one whose data was swapped in place after :meth:`DirectForward.refresh` (each
+new cache).
 
 The Python between those ops still cost as much as the quantized linears (2026-11-26, seventh
 session: 4.6 ms of a 13.2 ms step on a 2-core Xeon). :meth:`DirectForward.stacked` runs all
@@ -38,11 +39,29 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.modules import module as nn_module
+from torch.utils.hooks import RemovableHandle
 
 from specdec_kernels import ops
 from specdec_kernels.models.quantized_weight import QuantizedWeight, joined_rows
 
 __all__ = ["DirectForward", "unsupported_reason"]
+
+# How many parameters and buffers any module of this process has registered (setattr of a
+# Parameter or buffer, register_parameter / register_buffer): while it stands still, no module
+# weight was replaced, and DirectForward need not read every weight again to know that. Read
+# per forward instead of ~270 weights and their dicts: after a forward has streamed the weights
+# those Python objects are out of the caches, and reading them cost 0.14-0.25 ms a forward
+# (2026-11-28, twenty-second session).
+_registrations = [0]
+
+
+def _count_registration(module, name, value):
+    _registrations[0] += 1
+
+
+nn_module.register_module_parameter_registration_hook(_count_registration)
+nn_module.register_module_buffer_registration_hook(_count_registration)
 
 #: Model types whose decoder layers this module reproduces, with the RMSNorm class each uses.
 _FAMILIES = {
@@ -295,7 +314,10 @@ class DirectForward:
         read = [m for layer in self.layers for m in layer.read_modules()] + [decoder.norm]
         self._parameter_dicts = [m._parameters for m in read]
         self._buffer_dicts = [m._buffers for m in read]
-        self._stack_cache: dict = {}  # (dtype, layers, takes) -> (weights, pointers, arguments)
+        # (dtype, layers, takes) -> (stamp, weights, pointers, arguments)
+        self._stack_cache: dict = {}
+        self._epoch = 0  # bumped by refresh()
+        self._unhooked_at = None  # RemovableHandle.next_id when no hook was found
         #: The smallest sliding window of any layer (None: every layer attends to all rows).
         self.window = min(windows) if windows else None
         #: Whether :meth:`stacked` may run the layers in one op (False: it declines, and the
@@ -313,20 +335,33 @@ class DirectForward:
         seen += map(dict.get, self._buffer_dicts, repeat("weight"))
         return seen, pointers
 
+    def refresh(self) -> None:
+        """Read every weight again at the next :meth:`stack_arguments`: what registrations do
+        not announce (a weight's data swapped in place, ``param.data = ...`` as ``module.to``
+        does, or a module's ``_parameters`` written directly) is seen from then on.
+        :meth:`ModelRunner.new_cache <specdec_kernels.decoding.runner.ModelRunner.new_cache>`
+        calls it, so every generation starts from the model as it is."""
+        self._epoch += 1
+
     def stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
         """``(norms, linears, eps, scale)`` of the first ``layers`` layers for
         :func:`~specdec_kernels.ops.decoder_stack_` with activations of ``dtype``, or None where
         the op would not reproduce this forward's loop (see :meth:`_Layer.stack_linears`; norm
         weights of another dtype, norms or attention scales that differ between layers).
-        Built again whenever a module's weight or bias was replaced (or its float data swapped)
-        since the last call."""
-        seen, pointers = self._weights_seen()
+        Built again whenever a module's weight or bias was replaced since the last call (any
+        parameter or buffer registration in the process makes it read every weight again),
+        and after :meth:`refresh` if a weight's data was swapped in place."""
         key = (dtype, layers, takes)
+        stamp = (_registrations[0], self._epoch)
         cached = self._stack_cache.get(key)
-        if cached is not None and cached[1] == pointers and all(map(operator.is_, seen, cached[0])):
-            return cached[2]
-        arguments = self._build_stack_arguments(dtype, layers, takes)
-        self._stack_cache[key] = (seen, pointers, arguments)
+        if cached is not None and cached[0] == stamp:
+            return cached[3]
+        seen, pointers = self._weights_seen()
+        if cached is not None and cached[2] == pointers and all(map(operator.is_, seen, cached[1])):
+            arguments = cached[3]
+        else:
+            arguments = self._build_stack_arguments(dtype, layers, takes)
+        self._stack_cache[key] = (stamp, seen, pointers, arguments)
         return arguments
 
     def _build_stack_arguments(self, dtype: torch.dtype, layers: int, takes: Callable) -> tuple | None:
@@ -427,12 +462,17 @@ class DirectForward:
 
     def hooked(self) -> bool:
         """Whether forward hooks are registered on the model's modules (or globally): the
-        direct forward does not call modules, so such a forward belongs to the model's own."""
-        from torch.nn.modules import module as nn_module
-
+        direct forward does not call modules, so such a forward belongs to the model's own.
+        Every hook registration makes a :class:`~torch.utils.hooks.RemovableHandle` and
+        advances its id counter: while that stands still since a look found none, none is."""
         if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
             return True
-        return any(map(len, self._hook_dicts))
+        stamp = RemovableHandle.next_id
+        if stamp == self._unhooked_at:
+            return False
+        found = any(map(len, self._hook_dicts))
+        self._unhooked_at = None if found else stamp
+        return found
 
     def covers(self, kv_len: int) -> bool:
         """Whether a forward attending to ``kv_len`` rows sees the same rows in every layer as
