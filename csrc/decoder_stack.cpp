@@ -10,6 +10,8 @@
 // device runs its own kernels of the ops, and fake tensors decompose.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -123,10 +125,39 @@ void check_layer(const std::vector<Linear>& l, int64_t layer) {
   }
 }
 
+// Rows of D contiguous values converted one by one (float32 to the cache's type, rounded to
+// nearest even as copy_ rounds), for the one-range case on CPU: copy_'s dispatch and iterator
+// cost more than the few hundred values of a decoding step (~1.5 us, twice a layer).
+template <typename cache_t>
+void write_rows_cpu(at::Tensor& cache, const at::Tensor& states, int64_t start) {
+  const int64_t B = states.size(0), T = states.size(1), H = states.size(2), D = states.size(3);
+  const float* src = states.const_data_ptr<float>();
+  cache_t* dst = cache.mutable_data_ptr<cache_t>();
+  const auto ss = states.strides();
+  const auto cs = cache.strides();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const float* in = src + b * ss[0] + t * ss[1] + h * ss[2];
+        cache_t* out = dst + b * cs[0] + h * cs[1] + (start + t) * cs[2];
+        for (int64_t d = 0; d < D; ++d) out[d] = static_cast<cache_t>(in[d]);
+      }
+}
+
 // Stores the block's K or V [B, T, Hkv, D] at its rows of the layer's cache [B, Hkv, S, D]
 // (as KVCache.write: one row range, or each request's rows by index).
 void write_rows(at::Tensor cache, const at::Tensor& states, int64_t start,
                 const OptionalTensor& rows) {
+  if (!rows.has_value() && cache.is_cpu() && states.is_cpu() &&
+      states.scalar_type() == at::kFloat && states.stride(3) == 1 && cache.stride(3) == 1 &&
+      states.size(1) * states.size(2) * states.size(3) <= 4096) {
+    switch (cache.scalar_type()) {
+      case at::kFloat: return write_rows_cpu<float>(cache, states, start);
+      case at::kBFloat16: return write_rows_cpu<c10::BFloat16>(cache, states, start);
+      case at::kHalf: return write_rows_cpu<c10::Half>(cache, states, start);
+      default: break;
+    }
+  }
   const at::Tensor block = states.transpose(1, 2);  // [B, Hkv, T, D]
   if (!rows.has_value()) {
     cache.narrow(2, start, block.size(2)).copy_(block);
@@ -208,13 +239,16 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
       k = rotary_embedding(k_out.view({B, T, num_kv_heads, D}), cos, sin);
       v = v_out.view({B, T, num_kv_heads, D});
     }
-    const at::Tensor keys = kv_cache.select(0, layer).select(0, 0);
-    const at::Tensor values = kv_cache.select(0, layer).select(0, 1);
+    const at::Tensor layer_kv = kv_cache.select(0, layer);
+    const at::Tensor keys = layer_kv.select(0, 0), values = layer_kv.select(0, 1);
     write_rows(keys, k, write_start, write_index);
     write_rows(values, v, write_start, write_index);
-    const at::Tensor out = tree_attention(q, keys.narrow(2, 0, kv_len),
-                                          values.narrow(2, 0, kv_len), cache_lens, tree_mask,
-                                          scale);
+    // The CPU kernel reads rows below cache_lens + T only: the whole cache, not a narrowed
+    // view of it (two view ops a layer less, the same rows).
+    const bool whole = kv_cache.is_cpu();
+    const at::Tensor out = tree_attention(q, whole ? keys : keys.narrow(2, 0, kv_len),
+                                          whole ? values : values.narrow(2, 0, kv_len),
+                                          cache_lens, tree_mask, scale);
     const at::Tensor attended = apply(lin[kO], out.reshape({B, T, -1}));
     std::tie(h, x) = add_rms_norm(attended, h, norms[1 + 2 * layer], eps);
     at::Tensor gated;

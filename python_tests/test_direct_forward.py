@@ -278,7 +278,8 @@ def test_a_hooked_model_runs_its_own_forward_and_observers_see_both_paths():
 
 @torch.inference_mode()
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_a_narrow_cache_matches_on_both_paths(family):
+@pytest.mark.parametrize("ragged", [True, False])
+def test_a_narrow_cache_matches_on_both_paths(family, ragged):
     """A bfloat16 cache under a float32 model (a drafter's ``narrow_kv``): both paths round the
     K/V alike as they write them (contiguous and ragged rows) and read them alike, so logits
     and caches stay bit-identical; the first layer's rows are the float32 cache's, rounded."""
@@ -288,13 +289,15 @@ def test_a_narrow_cache_matches_on_both_paths(family):
     assert direct.narrow_kv_dtype() == torch.bfloat16
     caches = [r.new_cache(2, 64, torch.bfloat16) for r in (direct, own)]
     wide = direct.new_cache(2, 64)
+    lists = prompts(61) if ragged else [p[:7] for p in prompts(61, seed=1)]
     for runner, cache in zip((direct, own, direct), caches + [wide]):
-        runner.prefill(cache, prompts(61))
+        runner.prefill(cache, lists)
     assert caches[0].buffer.dtype == torch.bfloat16
     assert_equal(caches[0].buffer, caches[1].buffer)
     assert_equal(caches[0].buffer[0], wide.buffer[0].to(torch.bfloat16))
     starts = list(caches[0].host_lens)
-    assert starts[0] != starts[1]  # ragged: rows written by index
+    # ragged: rows written by index; else one row range
+    assert (starts[0] != starts[1]) == ragged
     tokens = torch.tensor([[3, 5, 7, 11, 13], [17, 19, 23, 29, 31]])
     tree = torch.tensor([[-1, 0, 0, 1, -2], [-1, 0, 1, 2, 3]])
     outs = [r.forward(c, tokens, starts, tree) for r, c in zip((direct, own), caches)]

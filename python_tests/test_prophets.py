@@ -373,7 +373,26 @@ def test_quantized_copy_holds_its_lm_head_at_head_bits(tiny, head_bits):
     assert mixed.kind == "int4/g32"
 
 
-@pytest.mark.parametrize("rows, candidates", [(64, 1), (64, 4), (67, 5)])  # panels; rows
+@pytest.mark.parametrize("shape, k", [((1, 49152), 4), ((3, 2, 1536), 3), ((2, 640), 5), ((4, 1000), 2)])
+def test_top_columns_are_the_largest_values(shape, k):
+    """Block maxima first, then within the best blocks: the same columns as ``topk`` (random
+    values do not tie), including a row whose best values share one block; shapes the blocks
+    do not fit take ``topk`` itself."""
+    from specdec_kernels.models.quantized_weight import top_columns
+
+    gen = torch.Generator().manual_seed(shape[-1] + k)
+    logits = torch.randn(*shape, generator=gen)
+    logits[..., 5:5 + k] += 100  # one block holds all k
+    got = top_columns(logits, k)
+    want = logits.topk(k, dim=-1).indices
+    assert got.shape == want.shape
+    assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+    spread = torch.randn(*shape, generator=gen)
+    assert torch.equal(top_columns(spread, k).sort(-1).values,
+                       spread.topk(k, dim=-1).indices.sort(-1).values)
+
+
+@pytest.mark.parametrize("rows, candidates", [(64, 1), (64, 4), (67, 5), (2048, 4)])  # panels; rows
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candidates, dtype):
     """Each row's ``candidates`` best coarse logits become the exact rows' (bias included), the
@@ -383,6 +402,7 @@ def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candi
         RerankedWeight,
         pack_panels,
         quantize_weight,
+        top_columns,
     )
 
     gen = torch.Generator().manual_seed(rows + candidates)
@@ -393,7 +413,10 @@ def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candi
     bias = torch.randn(rows, generator=gen).to(dtype)
     out = torch.nn.functional.linear(x, head, bias)
     rough = coarse.linear(x, bias)
-    top = rough.topk(candidates, -1).indices
+    top = top_columns(rough, candidates)
+    # The largest coarse values (topk's, up to which of tied values: bfloat16 ties often).
+    assert torch.equal(rough.gather(-1, top).sort(-1).values,
+                       rough.topk(candidates, -1).values.sort(-1).values)
     want = rough.scatter(-1, top, ((exact[top] * x.unsqueeze(-2)).sum(-1) + bias[top]).to(dtype))
     assert torch.equal(out, want)
     dense = torch.nn.functional.linear(x.float(), exact.float(), bias.float())
@@ -412,7 +435,7 @@ def test_reranked_head_rescores_its_best_columns_with_the_exact_rows(rows, candi
     part_out = torch.nn.functional.linear(x, part)
     assert torch.equal(part.dequantize(), coarse.dequantize()[ids])
     want_part = QuantizedWeight.linear(part, x)  # its coarse logits (the row layout's rounding)
-    top = want_part.topk(part.candidates, -1).indices
+    top = top_columns(want_part, part.candidates)
     rows_exact = exact[ids]
     want_part = want_part.scatter(
         -1, top, (rows_exact[top] * x.unsqueeze(-2)).sum(-1).to(dtype))

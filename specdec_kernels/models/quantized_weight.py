@@ -215,6 +215,28 @@ class QuantizedWeight(Tensor):
         return func(*args, **kwargs)
 
 
+#: Columns per block of :func:`top_columns`.
+TOP_BLOCK = 128
+
+
+def top_columns(logits: Tensor, k: int) -> Tensor:
+    """The columns of the ``k`` largest values of each row of ``logits`` ``[..., V]``, as
+    ``logits.topk(k).indices`` (in another order, and where values tie, possibly other
+    columns of the same value): each row's blocks of :data:`TOP_BLOCK` columns by their
+    maxima, then the best ``k`` values within the ``k`` best blocks (every one of the ``k``
+    largest values lies in one of them: a block holding one has a maximum at least as large,
+    and fewer than ``k`` other blocks can have a larger one). A 49152-column row took 45 us
+    with ``topk``, 22 us so (2026-11-28)."""
+    columns = logits.shape[-1]
+    if columns % TOP_BLOCK or columns < 4 * k * TOP_BLOCK:
+        return logits.topk(k, dim=-1).indices
+    blocks = logits.unflatten(-1, (columns // TOP_BLOCK, TOP_BLOCK))
+    best = blocks.amax(-1).topk(k, dim=-1).indices  # [..., k] blocks
+    within = blocks.gather(-2, best.unsqueeze(-1).expand(*best.shape, TOP_BLOCK)).flatten(-2)
+    pick = within.topk(k, dim=-1).indices  # [..., k] of the k blocks' columns
+    return best.gather(-1, pick // TOP_BLOCK) * TOP_BLOCK + pick % TOP_BLOCK
+
+
 class RerankedWeight(QuantizedWeight):
     """A coarse quantized LM head whose ``candidates`` best logits of every row are computed
     again with exact (dense) rows: ``x @ W.T`` through :func:`~specdec_kernels.ops.quantized_linear`,
@@ -257,12 +279,12 @@ class RerankedWeight(QuantizedWeight):
         return f"RerankedWeight({super().__repr__()}, candidates={self.candidates})"
 
     def linear(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
-        logits = super().linear(x, bias)
-        top = logits.topk(self.candidates, dim=-1).indices  # [..., C]
+        logits = super().linear(x, bias)  # a new tensor: re-scored in place
+        top = top_columns(logits, self.candidates)  # [..., C]
         exact = (self.exact[top] * x.unsqueeze(-2)).sum(-1)  # [..., C]: one row's sums each
         if bias is not None:
             exact = exact + bias[top]
-        return logits.scatter(-1, top, exact.to(logits.dtype))
+        return logits.scatter_(-1, top, exact.to(logits.dtype))
 
     def _with(self, **changes) -> QuantizedWeight:
         coarse = QuantizedWeight._with(self, **changes)
