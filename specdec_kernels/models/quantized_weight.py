@@ -220,13 +220,27 @@ TOP_BLOCK = 128
 
 
 def top_columns(logits: Tensor, k: int) -> Tensor:
-    """The columns of the ``k`` largest values of each row of ``logits`` ``[..., V]``, as
-    ``logits.topk(k).indices`` (in another order, and where values tie, possibly other
-    columns of the same value): each row's blocks of :data:`TOP_BLOCK` columns by their
-    maxima, then the best ``k`` values within the ``k`` best blocks (every one of the ``k``
-    largest values lies in one of them: a block holding one has a maximum at least as large,
-    and fewer than ``k`` other blocks can have a larger one). A 49152-column row took 45 us
-    with ``topk``, 22 us so (2026-11-28)."""
+    """The columns of the ``k`` largest values of each row, as ``logits.topk(k).indices``
+    (in another order, and where values tie, possibly other columns of the same value).
+
+    Each row's blocks of :data:`TOP_BLOCK` columns are ranked by their maxima, then the best
+    ``k`` values are taken within the ``k`` best blocks: every one of the ``k`` largest values
+    lies in one of them (a block holding one has a maximum at least as large, and fewer than
+    ``k`` other blocks can have a larger one). A 49152-column row took 45 us with ``topk``,
+    22 us so (2026-11-28). Rows whose width the blocks do not fit take ``topk`` itself.
+
+    Parameters
+    ----------
+    logits : Tensor
+        ``[..., V]``.
+    k : int
+        Columns per row, ``1 <= k <= V``.
+
+    Returns
+    -------
+    Tensor
+        ``[..., k]`` int64 column indices.
+    """
     columns = logits.shape[-1]
     if columns % TOP_BLOCK or columns < 4 * k * TOP_BLOCK:
         return logits.topk(k, dim=-1).indices
