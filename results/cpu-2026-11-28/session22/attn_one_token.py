@@ -3,7 +3,7 @@ head size 64) against the cached keys, float32 and bfloat16 caches, on the path 
 the bytes per second that makes. Usage: attn_one_token.py ISA"""
 import statistics, sys, time
 import torch
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, sys.argv[2] if len(sys.argv) > 2 else "/work/main")
 from specdec_kernels import ops
 
 torch.set_num_threads(2)
