@@ -2,7 +2,7 @@
 # and cost curve, on both instruction-set paths.
 set -u
 cd /work/main
-out=results/cpu-2026-11-28/session22
+out=results/cpu-2026-11-28/session22/final
 AVX2="SPECDEC_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
 echo "=== $(date -u +%H:%M:%S) main job avx512"
 python3 -m specdec_kernels.bench --out $out/mainjob-avx512
