@@ -349,6 +349,15 @@ SPECDEC_TARGET_AVX512 void softmax_key_major_avx512(float* scores, int64_t keys,
   _mm512_storeu_ps(row_sum, sum);
 }
 
+// The shift of rows 0-3 of a key-major block: each row's maximum over the keys, 0 for a row
+// that sees none (as the 8- and 16-lane forms take it).
+inline __m128 four_row_shift(const float* scores, int64_t keys) {
+  const __m128 neg_inf = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  __m128 row_max = neg_inf;
+  for (int64_t s = 0; s < keys; ++s) row_max = _mm_max_ps(_mm_loadu_ps(scores + s * kRows), row_max);
+  return _mm_andnot_ps(_mm_cmpeq_ps(row_max, neg_inf), row_max);
+}
+
 // softmax_key_major_avx512 for a block of at most 4 real rows (one token's query heads of a KV
 // head): four keys' 4-row scores share one register, so one exp covers four keys instead of
 // one, and each row's sum still adds its keys one by one in key order (the bits of
@@ -356,11 +365,7 @@ SPECDEC_TARGET_AVX512 void softmax_key_major_avx512(float* scores, int64_t keys,
 // 16-lane form spent 36% of a token's attention on the exp of 13 unused lanes (768 bfloat16
 // keys, 2026-11-28, twenty-second session).
 SPECDEC_TARGET_AVX512 void softmax_four_rows_avx512(float* scores, int64_t keys, float* row_sum) {
-  const __m128 neg_inf = _mm_set1_ps(-std::numeric_limits<float>::infinity());
-  __m128 row_max = neg_inf;
-  for (int64_t s = 0; s < keys; ++s) row_max = _mm_max_ps(_mm_loadu_ps(scores + s * kRows), row_max);
-  const __mmask8 empty = _mm_cmp_ps_mask(row_max, neg_inf, _CMP_EQ_OQ);
-  const __m512 shift = _mm512_broadcast_f32x4(_mm_mask_blend_ps(empty, row_max, _mm_setzero_ps()));
+  const __m512 shift = _mm512_broadcast_f32x4(four_row_shift(scores, keys));
   __m128 sum = _mm_setzero_ps();
   int64_t s = 0;
   for (; s + 4 <= keys; s += 4) {
@@ -505,11 +510,7 @@ SPECDEC_TARGET_AVX2 void softmax_key_major_avx2(float* scores, int64_t keys, flo
 
 // softmax_four_rows_avx512 on the AVX2 path: two keys' 4-row scores a register.
 SPECDEC_TARGET_AVX2 void softmax_four_rows_avx2(float* scores, int64_t keys, float* row_sum) {
-  const __m128 neg_inf = _mm_set1_ps(-std::numeric_limits<float>::infinity());
-  __m128 row_max = neg_inf;
-  for (int64_t s = 0; s < keys; ++s) row_max = _mm_max_ps(_mm_loadu_ps(scores + s * kRows), row_max);
-  const __m128 empty = _mm_cmp_ps(row_max, neg_inf, _CMP_EQ_OQ);
-  const __m128 shift4 = _mm_andnot_ps(empty, row_max);
+  const __m128 shift4 = four_row_shift(scores, keys);
   const __m256 shift = _mm256_set_m128(shift4, shift4);
   __m128 sum = _mm_setzero_ps();
   int64_t s = 0;
