@@ -7,11 +7,20 @@ import pytest
 
 from specdec_kernels.training.prompts import (
     SOURCE_LANGUAGES,
+    benchmark_ngrams,
     first_stage_prompts,
     second_stage_prompts,
+    shares_benchmark_text,
     task_prompts,
 )
-from specdec_kernels.training.selfdistill import answered, chunk_jobs
+from specdec_kernels.training.selfdistill import (
+    MIN_REQUEST_WORDS,
+    answered,
+    chunk_jobs,
+    self_written_prompts,
+    usable_request,
+    user_turn_prefix,
+)
 
 DEV = Path(__file__).resolve().parents[1] / "specdec_kernels" / "data" / "prompts_dev.jsonl"
 
@@ -64,11 +73,13 @@ def test_no_generated_prompt_is_a_benchmark_prompt():
     assert not dev & set(made)
 
 
-@pytest.mark.parametrize("first,second,tasks", [(18, 7, 9), (5, 0, 0), (1, 3, 2), (4, 4, 4)])
-def test_chunk_jobs_hold_every_chunk_once_in_order(first, second, tasks):
-    jobs = chunk_jobs(first, second, tasks)
-    for stage, n in (("first", first), ("second", second), ("tasks", tasks)):
+@pytest.mark.parametrize("first,second,tasks,own", [(18, 7, 9, 0), (5, 0, 0, 0), (1, 3, 2, 5),
+                                                   (4, 4, 4, 4), (9, 7, 12, 32)])
+def test_chunk_jobs_hold_every_chunk_once_in_order(first, second, tasks, own):
+    jobs = chunk_jobs(first, second, tasks, own)
+    for stage, n in (("first", first), ("second", second), ("tasks", tasks), ("self", own)):
         assert [i for s, i in jobs if s == stage] == list(range(n))
+    assert len(jobs) == first + second + tasks + own
     assert jobs[0] == ("first", 0)  # the later stages build on the first stage's answers
 
 
@@ -88,3 +99,74 @@ def test_answered_reads_the_chunks_json(tmp_path):
     (tmp_path / "eagle-train" / "x" / "chunk_0000.json").write_text("not json")
     assert answered(tmp_path) == [("a", "A"), ("b", "B"), ("c", "C")]
     assert answered(tmp_path / "first") == [("a", "A"), ("b", "B")]
+
+
+def test_chunk_jobs_keep_the_order_of_caches_made_before_the_self_stage():
+    """Adding self-written chunks leaves where the other stages' chunks were in the order."""
+    before = chunk_jobs(9, 7, 12)
+    after = [job for job in chunk_jobs(9, 7, 12, 32) if job[0] != "self"]
+    assert after == before
+
+
+# ---------------------------------------------------------------------------- self-written prompts
+
+
+def _dev_turns():
+    return [t for line in DEV.read_text().splitlines() for t in json.loads(line)["turns"]]
+
+
+def test_every_benchmark_turn_shares_benchmark_text_even_inside_other_text():
+    grams = benchmark_ngrams()
+    for turn in _dev_turns():
+        assert shares_benchmark_text(turn, grams), turn
+        assert shares_benchmark_text(f"Hello! {turn.upper()} Thanks a lot.", grams), turn
+
+
+def test_shares_benchmark_text_leaves_other_requests():
+    grams = benchmark_ngrams()
+    made = first_stage_prompts(200, seed=3) + task_prompts([], 100, seed=3)
+    assert sum(shares_benchmark_text(p, grams) for p in made) <= 2
+    assert not shares_benchmark_text("Can you give me tips on how to improve my public "
+                                     "speaking skills before my next talk?", grams)
+    assert not shares_benchmark_text("", grams)
+    # A short turn counts whole, inside other text too, never a part of it.
+    assert shares_benchmark_text("Please prove the Pythagorean theorem for me.", grams)
+    assert not shares_benchmark_text("Prove the theorem.", grams)
+
+
+@pytest.mark.parametrize("text,reason,ok", [
+    ("Can you recommend a good book about the history of Rome?", "eos", True),
+    ("Can you recommend a good book about the history of Rome?", "length", False),  # cut off
+    ("Hi there!", "eos", False),  # fewer than MIN_REQUEST_WORDS words
+    ("Already asked in an earlier chunk, here it is", "eos", False),
+    ("Prove the Pythagorean theorem.", "eos", False),  # a benchmark prompt
+])
+def test_usable_request(text, reason, ok):
+    seen = {"Already asked in an earlier chunk, here it is"}
+    assert usable_request(text, reason, seen, benchmark_ngrams()) is ok
+    assert len("Hi there!".split()) < MIN_REQUEST_WORDS
+
+
+def test_user_turn_prefix_needs_a_chat_template():
+    class Plain:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="chat template"):
+        user_turn_prefix(Plain())
+
+
+@pytest.mark.default_model
+def test_self_written_prompts_open_a_user_turn_and_are_usable(loaded):
+    tokenizer = loaded.tokenizer
+    prefix = user_turn_prefix(tokenizer)
+    whole = tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                                    tokenize=False),
+                      add_special_tokens=False)["input_ids"]
+    assert whole[: len(prefix)] == prefix and tokenizer.decode(prefix).endswith("user\n")
+    first = self_written_prompts(loaded, 3, seed=5)
+    assert first == self_written_prompts(loaded, 3, seed=5)  # seeded
+    assert 1 <= len(first) <= 3 and len(set(first)) == len(first)
+    grams = benchmark_ngrams()
+    assert all(usable_request(p, "eos", set(), grams) for p in first)
+    assert not set(first) & set(_dev_turns())
+    assert not set(first) & set(self_written_prompts(loaded, 3, seed=5, exclude=first))

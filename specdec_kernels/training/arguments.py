@@ -14,6 +14,8 @@ def add_data_arguments(p) -> None:
     p.add_argument("--second-prompts", type=int, default=640)
     p.add_argument("--task-prompts", type=int, default=640,
                    help="requests in user forms: code, questions, translation, summaries")
+    p.add_argument("--self-prompts", type=int, default=0,
+                   help="requests the target writes itself from its chat template's user turn")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=64, help="prompts per chunk (one batch)")
     p.add_argument("--sampled-fraction", type=float, default=0.3,

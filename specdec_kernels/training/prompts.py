@@ -6,14 +6,17 @@ benchmark prompts. The first stage asks for essays, explanations, poems and smal
 second builds requests around the target's own first-stage answers (summarize, translate,
 answer from a passage, rewrite), so the data also holds long inputs; the task stage adds the
 other forms users send an assistant (code, short factual questions, multi-step word problems,
-translations into English, ``Summarize:`` over long text, extraction into JSON).
+translations into English, ``Summarize:`` over long text, extraction into JSON). The target
+also writes requests of its own (:func:`specdec_kernels.training.selfdistill.self_written_prompts`);
+:func:`shares_benchmark_text` keeps the benchmark's questions out of those.
 """
 
 from __future__ import annotations
 
 import random
 
-__all__ = ["first_stage_prompts", "second_stage_prompts", "task_prompts"]
+__all__ = ["BENCHMARK_NGRAM", "benchmark_ngrams", "first_stage_prompts", "second_stage_prompts",
+           "shares_benchmark_text", "task_prompts"]
 
 TOPICS = [
     "photosynthesis", "black holes", "the French Revolution", "machine learning", "volcanoes",
@@ -276,3 +279,35 @@ def task_prompts(sources: list, count: int, seed: int = 2) -> list:
             subject = " ".join(text.split()[:3]).lower().rstrip(".,")
             prompts.append(rng.choice(EXTRACTION_TEMPLATES).format(text=text, subject=subject))
     return prompts
+
+
+#: Words in a row that a self-written prompt may share with a benchmark prompt, less one: a
+#: chat model may have seen the benchmark's questions in its own training and write them back,
+#: and a prompt sharing a run this long is dropped.
+BENCHMARK_NGRAM = 8
+
+
+def _words(text: str) -> list:
+    return "".join(c.lower() if c.isalnum() else " " for c in text).split()
+
+
+def benchmark_ngrams(n: int = BENCHMARK_NGRAM) -> set:
+    """Every run of ``n`` words (lower case, punctuation dropped) in every turn of the
+    packaged benchmark prompts (``prompts_dev.jsonl``), and the whole word sequence of each
+    turn shorter than that."""
+    from specdec_kernels.data import load_prompts
+
+    grams = set()
+    for row in load_prompts():
+        for turn in row["turns"]:
+            words = _words(turn)
+            grams.update(tuple(words[i : i + n]) for i in range(max(len(words) - n + 1, 1)))
+    return grams
+
+
+def shares_benchmark_text(text: str, grams: set, n: int = BENCHMARK_NGRAM) -> bool:
+    """Whether ``text`` holds one of ``grams`` (:func:`benchmark_ngrams` of the same ``n``):
+    a run of ``n`` words of a benchmark turn, or the words of a whole short turn."""
+    words = _words(text)
+    return any(tuple(words[i : i + size]) in grams
+               for size in range(1, n + 1) for i in range(len(words) - size + 1))

@@ -37,6 +37,9 @@ __all__ = [
     "default_capture_layers",
     "generate_chunk",
     "is_feature_cache",
+    "self_written_prompts",
+    "usable_request",
+    "user_turn_prefix",
 ]
 
 
@@ -106,6 +109,84 @@ def answer_prompts(loaded, prompts: list, recorder, *, max_new_tokens: int,
         seed=[seed * 100003 + i for i in range(len(prompts))],
     )
     return ids, sampled, out, time.perf_counter() - t0
+
+
+def user_turn_prefix(tokenizer) -> list:
+    """Token ids of the chat template up to where a user's request begins (its system turn,
+    if it adds one, then the opening of a user turn): what a chat model is given to write a
+    request of its own.
+
+    Raises
+    ------
+    ValueError
+        The tokenizer has no chat template.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("self-written prompts need a chat model: the tokenizer has no chat "
+                         "template")
+    marker = "\u2063request\u2063"  # a text no template writes itself
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    return list(tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"])
+
+
+#: Bounds of a self-written request kept for the data: shorter ones are mostly greetings,
+#: and a request cut off by the token limit is not a whole request.
+MIN_REQUEST_WORDS = 4
+MAX_REQUEST_TOKENS = 256
+
+
+def self_written_prompts(loaded, count: int, *, seed: int, exclude=(),
+                         temperature: float = 1.0, top_p: float = 0.98) -> list:
+    """``count`` requests the frozen target writes itself: given only the opening of a user
+    turn of its chat template (:func:`user_turn_prefix`), a chat model continues with the
+    kind of request it was tuned to answer (Magpie, Xu et al. 2024), so the data follows the
+    requests users send it rather than this package's templates.
+
+    Sampled (``temperature``, ``top_p``, one seed per request from ``seed``). Kept: requests
+    that end the turn within :data:`MAX_REQUEST_TOKENS` tokens and pass
+    :func:`usable_request` (not in ``exclude``, not kept already, no text of a benchmark
+    prompt). Rounds of writing continue until ``count`` are kept (at most 8 rounds: a model that
+    never ends its turn gives fewer).
+
+    Returns
+    -------
+    list of str
+        At most ``count`` requests, in the order written.
+    """
+    from specdec_kernels.decoding import generate
+    from specdec_kernels.training.prompts import benchmark_ngrams
+
+    prefix = user_turn_prefix(loaded.tokenizer)
+    grams = benchmark_ngrams()
+    seen = set(exclude)
+    kept: list = []
+    for round_ in range(8):
+        want = count - len(kept)
+        if want <= 0:
+            break
+        batch = want + want // 4 + 2  # some are dropped
+        out = generate(
+            loaded.model, [prefix] * batch, tokenizer=loaded.tokenizer,
+            max_new_tokens=MAX_REQUEST_TOKENS, temperature=temperature, top_p=top_p,
+            seed=[(seed * 8 + round_) * 100003 + i for i in range(batch)],
+        )
+        for text, reason in zip(out.text, out.finish_reasons):
+            text = text.strip()
+            if usable_request(text, reason, seen, grams):
+                seen.add(text)
+                kept.append(text)
+    return kept[:count]
+
+
+def usable_request(text: str, finish_reason: str, seen, grams: set) -> bool:
+    """Whether a self-written request (stripped ``text``, how its turn ended) is kept: it
+    ended its turn (``finish_reason`` ``"eos"``), has :data:`MIN_REQUEST_WORDS` words or
+    more, is not in ``seen`` and shares no run of words with a benchmark prompt (``grams``:
+    :func:`~specdec_kernels.training.prompts.benchmark_ngrams`)."""
+    from specdec_kernels.training.prompts import shares_benchmark_text
+
+    return (finish_reason == "eos" and len(text.split()) >= MIN_REQUEST_WORDS
+            and text not in seen and not shares_benchmark_text(text, grams))
 
 
 def generate_chunk(loaded, prompts: list, path: Path, *, layers: tuple, max_new_tokens: int,
@@ -252,7 +333,10 @@ class DataCache:
 
 
 #: The stages of a cache, each a subfolder of chunks.
-STAGES = ("first", "second", "tasks")
+STAGES = ("first", "second", "tasks", "self")
+
+#: The stages that follow the first one, in the order chunk_jobs interleaves them.
+LATER_STAGES = STAGES[1:]
 
 
 def answered(folder) -> list:
@@ -268,20 +352,22 @@ def answered(folder) -> list:
     return pairs
 
 
-def chunk_jobs(first_chunks: int, second_chunks: int, task_chunks: int) -> list:
-    """The order of a cache's chunks, ``(stage, index)``: the stages built on earlier answers
-    (``second``, ``tasks``) interleave with the first stage's chunks, so a run cut short holds
-    every kind; what is left of them follows the first stage."""
-    jobs, done = [], {"second": 0, "tasks": 0}
-    wanted = {"second": second_chunks, "tasks": task_chunks}
+def chunk_jobs(first_chunks: int, second_chunks: int, task_chunks: int,
+               self_chunks: int = 0) -> list:
+    """The order of a cache's chunks, ``(stage, index)``: the later stages (``second`` and
+    ``tasks`` build on earlier answers; ``self``, the target's own requests) interleave with
+    the first stage's chunks, so a run cut short holds every kind; what is left of them
+    follows the first stage."""
+    jobs, done = [], dict.fromkeys(LATER_STAGES, 0)
+    wanted = dict(zip(LATER_STAGES, (second_chunks, task_chunks, self_chunks)))
     every = {k: max(1, first_chunks // max(n, 1)) for k, n in wanted.items()}
     for c in range(first_chunks):
         jobs.append(("first", c))
-        for stage in ("second", "tasks"):
+        for stage in LATER_STAGES:
             if done[stage] < wanted[stage] and (c + 1) % every[stage] == 0:
                 jobs.append((stage, done[stage]))
                 done[stage] += 1
-    for stage in ("second", "tasks"):
+    for stage in LATER_STAGES:
         jobs.extend((stage, i) for i in range(done[stage], wanted[stage]))
     return jobs
 
@@ -291,7 +377,8 @@ def build_data(args, log=print) -> Path:
     and templates; second-stage prompts built around the first stage's answers (summaries,
     translations, questions on a passage, rewrites); task-stage prompts in the forms users send
     (code, short questions, word problems, translations into English, ``Summarize:`` over long
-    text, extraction), the text-based ones built on every answer so far. Stops starting chunks
+    text, extraction), the text-based ones built on every answer so far; self-stage prompts
+    written by the target itself (:func:`self_written_prompts`). Stops starting chunks
     after ``args.time_budget`` seconds (a resumable piece of a long run)."""
     from specdec_kernels.training.medusa_data import refuse_pickles
     from specdec_kernels.training.prompts import (
@@ -316,8 +403,8 @@ def build_data(args, log=print) -> Path:
     size = args.batch_size
     first = first_stage_prompts(args.first_prompts, seed=args.seed)
     jobs = chunk_jobs(-(-len(first) // size), -(-args.second_prompts // size),
-                      -(-args.task_prompts // size))
-    seed_offsets = {"first": 0, "second": 5000, "tasks": 9000}
+                      -(-args.task_prompts // size), -(-args.self_prompts // size))
+    seed_offsets = {"first": 0, "second": 5000, "tasks": 9000, "self": 13000}
     for stage, c in jobs:
         path = data / stage / f"chunk_{c:04d}.safetensors"
         if path.exists():
@@ -331,8 +418,11 @@ def build_data(args, log=print) -> Path:
         elif stage == "second":
             answers = [a for _, a in answered(data / "first")]
             prompts = second_stage_prompts(answers, size, seed=seed)
-        else:
+        elif stage == "tasks":
             prompts = task_prompts(answered(data), size, seed=seed)
+        else:
+            prompts = self_written_prompts(loaded, size, seed=seed,
+                                           exclude={p for p, _ in answered(data)})
         meta = generate_chunk(
             loaded, prompts, path, layers=layers, max_new_tokens=args.max_new_tokens,
             sampled_fraction=args.sampled_fraction, seed=seed,
@@ -345,6 +435,7 @@ def build_data(args, log=print) -> Path:
         manifest.update({
             "model": args.model, "layers": list(layers), "first_prompts": args.first_prompts,
             "second_prompts": args.second_prompts, "task_prompts": args.task_prompts,
+            "self_prompts": args.self_prompts,
             "max_new_tokens": args.max_new_tokens, "batch_size": size,
             "sampled_fraction": args.sampled_fraction, "seed": args.seed,
         })
