@@ -146,6 +146,27 @@ def test_zero_initialised_heads_start_as_the_lm_head():
     torch.testing.assert_close(out[:, 1], lm_head(x))
 
 
+@pytest.mark.default_model
+def test_heads_learn_through_a_file_precision_lm_head():
+    """The quantized kernel gives no gradient to its input: heads trained through a file
+    precision LM head go through a float copy of it, and every block gets a gradient."""
+    from specdec_kernels.models import load_model
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
+    from specdec_kernels.training.medusa import differentiable_head
+
+    lm_head = load_model("default", weights="file").model.get_output_embeddings()
+    assert isinstance(lm_head.weight, QuantizedWeight)
+    dense = differentiable_head(lm_head)
+    assert not isinstance(dense.weight, QuantizedWeight) and not dense.weight.requires_grad
+    torch.testing.assert_close(dense.weight, lm_head.weight.dequantize().float())
+    plain = torch.nn.Linear(8, 5, bias=False)
+    assert differentiable_head(plain) is plain
+    heads = MedusaHeads(576, lm_head.weight.shape[0], 2, 1, draft_ids=torch.arange(0, 640, 5))
+    heads(torch.randn(3, 576), dense).logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0
+               for p in heads.parameters() if p.requires_grad)
+
+
 def test_heads_on_the_package_kernels_are_batch_invariant():
     """As MedusaDrafter runs them on CPU: resblocks routed to the small-batch kernel, the
     shared draft-vocabulary projection through kernel_linear. A row's logits are the same bits
@@ -558,6 +579,9 @@ def test_cli_train_medusa_on_a_small_cache(tmp_path, loaded):
     heads = load_heads(heads_dir)
     assert heads.num_heads == 2 and heads.output_size <= 64
     assert len(heads.info["rank_accuracy"]) == 2 and heads.info["data"]["answers"] == 4
+    # The command line's target is at its file's precision: the blocks (zero at the start)
+    # trained through a float copy of its quantized LM head, not through the kernel.
+    assert all(p.abs().sum() > 0 for p in heads.parameters() if p.requires_grad)
     ids = encode_prompts(loaded.tokenizer, prompts[:1])
     got = generate(loaded, ids, drafter=MedusaDrafter(heads), max_new_tokens=8)
     ref = generate(loaded, ids, max_new_tokens=8)

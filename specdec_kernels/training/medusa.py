@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["add_subcommand", "build_examples", "evaluate_heads", "train_heads"]
+__all__ = ["add_subcommand", "build_examples", "differentiable_head", "evaluate_heads",
+           "train_heads"]
 
 
 # ---------------------------------------------------------------------------- training
@@ -183,6 +184,21 @@ def train_heads(heads, examples: dict, *, epochs: int, lr: float, teacher_weight
     return history
 
 
+def differentiable_head(lm_head: nn.Module) -> nn.Module:
+    """The LM head the heads train through: ``lm_head`` itself, or for a head held at a GGUF
+    file's precision a float32 copy of it. The quantized kernel has no gradient for its input
+    (its activations are rounded to int8), so training through it would leave every head's
+    blocks with no gradient at all: a run that trains nothing, silently."""
+    from specdec_kernels.models.quantized_weight import QuantizedWeight
+
+    weight = lm_head.weight
+    if not isinstance(weight, QuantizedWeight):
+        return lm_head
+    dense = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    dense.weight = nn.Parameter(weight.dequantize().float(), requires_grad=False)
+    return dense
+
+
 def run_training(args, log=print) -> Path:
     from specdec_kernels.training.medusa_data import load_cache
     from specdec_kernels.medusa.heads import MedusaHeads
@@ -216,7 +232,7 @@ def run_training(args, log=print) -> Path:
     heads = MedusaHeads(hidden, vocab, args.heads, args.layers, draft_ids=draft_ids,
                         own_projection=own)
     heads.init_projections_from(lm_head.weight.detach().float())
-    shared = None if own else lm_head
+    shared = None if own else differentiable_head(lm_head)
     coverage = None
     if draft_ids is not None:
         inside = torch.zeros(vocab, dtype=torch.bool)
