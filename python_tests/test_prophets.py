@@ -111,6 +111,27 @@ def test_frequency_trie_keeps_the_most_frequent_prefixes():
     assert tree.tokens == [9, 1, 5, 2, 4, 3] and tree.sources[2]["r"] == 1
 
 
+def test_a_self_distillation_cache_is_a_corpus_of_its_greedy_answers(tmp_path):
+    """``specdec datastore build CACHE``: the greedy answers of every stage, in stage and
+    chunk order; sampled answers and folders that are not caches are left out."""
+    from safetensors.torch import save_file
+
+    cache = tmp_path / "cache"
+    chunks = {("first", 0): (["a", "b"], [0, 1]), ("first", 1): (["c"], [0]),
+              ("self", 0): (["d", "e"], [0, 0])}
+    for (stage, index), (answers, sampled) in chunks.items():
+        path = cache / stage / f"chunk_{index:04d}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"sampled": torch.tensor(sampled, dtype=torch.uint8),
+                   "features": torch.zeros(2, 3)}, str(path))
+        path.with_suffix(".json").write_text(json.dumps({"prompts": answers, "answers": answers}))
+    (cache / "manifest.json").write_text(json.dumps({"layers": [2, "final_norm"]}))
+    (tmp_path / "notes.txt").write_text("f")
+    assert read_corpus([cache, tmp_path / "notes.txt"]) == ["a", "c", "d", "e", "f"]
+    with pytest.raises(ValueError, match="is a folder but no self-distillation cache"):
+        read_corpus([tmp_path])
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

@@ -18,8 +18,9 @@ def add_subcommand(subparsers) -> None:
     )
     sub = parser.add_subparsers(dest="datastore_command", required=True)
     b = sub.add_parser("build", help="tokenize a corpus and write a datastore folder")
-    b.add_argument("corpus", nargs="+", help="text files (blank-line separated documents) or "
-                   "JSONL files (a 'text' field per line)")
+    b.add_argument("corpus", nargs="+", help="text files (blank-line separated documents), "
+                   "JSONL files (a 'text' field per line) or self-distillation cache folders "
+                   "(their greedy answers)")
     b.add_argument("--model", default="default", help="whose tokenizer: 'default', an HF folder "
                    "or a .gguf file")
     b.add_argument("--out", required=True, help="datastore folder to write")

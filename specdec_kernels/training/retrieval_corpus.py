@@ -15,11 +15,13 @@ TEXT_FIELDS = ("text", "answer", "output", "response", "content")
 
 
 def read_corpus(paths) -> list:
-    """The documents of text and JSONL files.
+    """The documents of text and JSONL files, and of self-distillation caches.
 
     A ``.jsonl`` file holds one JSON object per line, its text in the first of
-    :data:`TEXT_FIELDS` present (a plain JSON string also works); any other file is text,
-    one document per blank-line-separated paragraph block.
+    :data:`TEXT_FIELDS` present (a plain JSON string also works); a folder that is a
+    self-distillation cache (:mod:`~specdec_kernels.training.selfdistill`) gives its greedy
+    answers, one document each; any other file is text, one document per
+    blank-line-separated paragraph block.
 
     Parameters
     ----------
@@ -33,15 +35,23 @@ def read_corpus(paths) -> list:
     Raises
     ------
     ValueError
-        No path given, or the files hold no text.
+        No path given, the files hold no text, or a folder is no cache.
     FileNotFoundError
         A path that does not exist.
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("corpus: give at least one text or JSONL file")
+    from specdec_kernels.training.selfdistill import greedy_answers, is_feature_cache
+
     documents = []
     for path in paths:
+        if path.is_dir():
+            if not is_feature_cache(path):
+                raise ValueError(f"corpus: {path} is a folder but no self-distillation cache "
+                                 "(its manifest.json names no capture points)")
+            documents.extend(greedy_answers(path))
+            continue
         if not path.is_file():
             raise FileNotFoundError(f"corpus file not found: {path}")
         text = path.read_text(encoding="utf-8")

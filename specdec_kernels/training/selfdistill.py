@@ -36,6 +36,7 @@ __all__ = [
     "FeatureRecorder",
     "default_capture_layers",
     "generate_chunk",
+    "greedy_answers",
     "is_feature_cache",
     "self_written_prompts",
     "usable_request",
@@ -350,6 +351,23 @@ def answered(folder) -> list:
         meta = json.loads(path.read_text())
         pairs.extend(zip(meta["prompts"], meta["answers"]))
     return pairs
+
+
+def greedy_answers(folder) -> list:
+    """The greedy answers' text of every chunk of cache ``folder`` (the sampled ones left
+    out: a datastore of them would propose what greedy decoding does not write), read from
+    the chunks' JSON and their ``sampled`` flags (no features loaded)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    paths = [p for stage in STAGES for p in sorted((folder / stage).glob("chunk_*.safetensors"))]
+    texts = []
+    for path in paths:
+        with safe_open(str(path), "pt") as chunk:
+            sampled = chunk.get_tensor("sampled").tolist()
+        answers = json.loads(path.with_suffix(".json").read_text())["answers"]
+        texts.extend(a for a, s in zip(answers, sampled) if not s)
+    return texts
 
 
 def chunk_jobs(first_chunks: int, second_chunks: int, task_chunks: int,
