@@ -334,13 +334,14 @@ def describe(config: EagleConfig) -> str:
         "",
         f"Made by `{info.get('command')}`.",
         "",
-        "Data (not committed; made in resumable pieces, each under the heavy-job lock, by "
+        "Data (not committed; made in resumable chunks by "
         f"`python3 -m specdec_kernels.training.selfdistill --data DATA --first-prompts "
         f"{data.get('first_prompts')} --second-prompts {data.get('second_prompts')} "
         f"--task-prompts {data.get('task_prompts', 0)} "
+        f"--self-prompts {data.get('self_prompts', 0)} "
         f"--max-new-tokens {data.get('max_new_tokens')} --batch-size {data.get('batch_size')} "
-        f"--sampled-fraction {data.get('sampled_fraction')}`, run in pieces of `--time-budget` "
-        f"seconds; {data.get('chunks_used')} chunks): "
+        f"--sampled-fraction {data.get('sampled_fraction')}`, "
+        f"{data.get('chunks_used')} chunks): "
         f"{data.get('sequences')} answers of the frozen target ({data.get('answer_tokens')} "
         f"answer tokens; {data.get('train_sequences')} train / {data.get('held_out_sequences')}"
         f" held-out sequences), generated at {data.get('generation_tokens_per_second')} "
