@@ -39,6 +39,9 @@
 #   2. GPU_CHECK_SECONDS=250 bash scripts/gpu_check.sh e2e bench sanitize   (about 330 s)
 # `e2e` keeps 120 s of its budget for the curve and the projections, and its tests need about
 # 100 s (55 s of tests after collection): below GPU_CHECK_SECONDS=230 it stops before its tests.
+# The tree that travels must stay under the device's 64 MiB: past sessions' raw results push the
+# tracked files over it (93 MB on 2026-12-04), so first `bash scripts/device_tree.sh slim` here
+# (it prints the GPU_CHECK_ACCEPTANCE=... to put before `e2e`), and `restore` after the calls.
 # Each call returns 2 files under $OUT (the device allows 8): gpu_check.md, the report so far
 # (every stage run on this machine), and gpu_check_logs.tar.gz (logs, JUnit XML, benchmark,
 # ceilings and curve JSON, resource usage). The reply's output_tail ends with the stage's own
