@@ -354,6 +354,50 @@ def test_tiny_greedy_matches_hf_generate_batch_1_and_4(tiny, tiny_memory, name, 
         assert prophets["suffix"]["drafts_accepted"] > 0
 
 
+class CheckedRecycling(TokenRecyclingDrafter):
+    """Token recycling that counts its template choices and checks, before every proposal,
+    that each request's kept template is the one a fresh choice would give."""
+
+    choices = 0
+
+    def start(self, state):
+        super().start(state)
+        self.table_at_start = self.table.single.clone()
+
+    def template(self, stats, remaining):
+        self.choices += 1
+        return super().template(stats, remaining)
+
+    def propose(self, state):
+        for b, left in enumerate(state.remaining):
+            kept = self._template_of(b, left)
+            fresh = TokenRecyclingDrafter.template(self, self._stats[b], left)
+            assert (kept.parents, kept.ranks) == (fresh.parents, fresh.ranks), (b, left)
+        return super().propose(state)
+
+
+@pytest.mark.parametrize("cost, drafts", [(FLAT_COST, True), ({1: 1.0, 2: 50.0}, False)])
+def test_recycling_chooses_its_template_again_only_when_its_statistics_move(tiny, cost, drafts):
+    """Where the cost model keeps the tree, every step's template is what a fresh choice gives;
+    where nothing pays (a second row costs 50 first rows), nothing is drafted, nothing is
+    recorded, the template is chosen once per depth limit (2 here: depth 2, then 1 and 0 in
+    the last steps), not once a step, and the table, never to be read, is not updated."""
+    want = [generate(tiny, [p], max_new_tokens=19, eos_token_id=[]).tokens[0] for p in TINY_PROMPTS]
+    for prompt, expected in zip(TINY_PROMPTS, want):
+        drafter = CheckedRecycling(successors=3, max_nodes=8, max_depth=2, cost_curve=cost)
+        out = generate(tiny, [prompt], drafter=drafter, max_new_tokens=19, eos_token_id=[],
+                       cpu_kernels=True)
+        assert out.tokens[0] == expected, prompt
+        steps = out.stats.target_forwards
+        updated = not torch.equal(drafter.table.single, drafter.table_at_start)
+        if drafts:
+            assert steps < 19 and updated, prompt
+        else:
+            assert steps == 19 and drafter._stats[0].records == 0 and not updated, prompt
+            # Each proposal's check above makes one fresh choice; the drafter's own are the rest.
+            assert drafter.choices - steps <= 3, (prompt, drafter.choices - steps)
+
+
 # Not the merged drafter: its budget sizes one block for the whole batch (MultiDrafter).
 @pytest.mark.parametrize("name", ["token-recycling", "suffix", "suffix-memory"])
 def test_a_request_does_not_depend_on_its_batch(tiny, tiny_memory, name):

@@ -83,6 +83,9 @@ class AcceptanceStats:
     max_rank: int = 4
     default_prior: float = 0.3
     counts: dict = field(default_factory=dict)  # (prophet, depth, rank) -> [tried, accepted]
+    #: Nodes recorded so far: rates change only when this does, so a choice made from them
+    #: can be kept until it moves (token recycling's template while it drafts nothing).
+    records: int = 0
 
     def _key(self, prophet: str, depth: int, rank: int) -> tuple:
         return prophet, min(max(depth, 1), self.max_depth), min(max(rank, 0), self.max_rank)
@@ -109,6 +112,7 @@ class AcceptanceStats:
         entry = self.counts.setdefault(self._key(prophet, depth, rank), [0, 0])
         entry[0] += 1
         entry[1] += int(accepted)
+        self.records += 1
 
     def combined(self, sources: dict, depth: int) -> float:
         """P(node accepted | parent accepted) for a node proposed by several prophets

@@ -39,7 +39,12 @@ that maximises expected tokens per unit of the step cost ``c(T)``), scored by th
 own running acceptance by depth and rank
 (:class:`~specdec_kernels.decoding.budget.AcceptanceStats`, starting from
 :data:`RANK_PRIORS`): the tree grows as its drafts hold and shrinks when they fail, sized as if
-the request ran alone so that the batch never changes it.
+the request ran alone so that the batch never changes it. The statistics move only when a
+node is tried, so the template is chosen again only then (or when the request nears its token
+limit), and a request whose template has shrunk to the root alone drafts nothing for the rest
+of its run: its table is no longer updated either. Such a request then costs what the plain
+loop does (a GGUF file's precision on the AVX2 path, where its trees do not pay: 0.94x the
+plain loop before, 1.04x after, bench/RESULTS.md 2026-12-04).
 
 Drafts are one-hot (``probs=None``): sampling goes through the lossless tree rule
 (:func:`~specdec_kernels.ops.verify_tree`), greedy decoding gives the target's own output.
@@ -320,6 +325,7 @@ class TokenRecyclingDrafter(Drafter):
         self._stats: list = []
         self._judge = OutcomeJudge(0)
         self._proposal = None
+        self._templates: list = []  # per request: ((records, depth), tree) of the last choice
         self._nodes_drafted = 0
         self._steps = 0
 
@@ -342,6 +348,7 @@ class TokenRecyclingDrafter(Drafter):
     def start(self, state: DecodeState) -> None:
         self.table.start(state.contexts)
         self._stats = [self._new_stats() for _ in range(state.batch)]
+        self._templates = [None] * state.batch
         self._judge = OutcomeJudge(state.batch)
         self._nodes_drafted = self._steps = 0
 
@@ -357,8 +364,19 @@ class TokenRecyclingDrafter(Drafter):
         tree, _, _ = choose_tree(rates, cost, max_nodes=self.max_nodes)
         return tree
 
+    def _template_of(self, b: int, remaining: int):
+        """Request ``b``'s template, chosen again only when its statistics or its depth limit
+        moved since the last choice (each choice is ~1 ms of Python, a tenth of a decoding step
+        at a GGUF file's precision)."""
+        stats = self._stats[b]
+        key = (stats.records, min(self.max_depth, max(remaining - 1, 0)))
+        cached = self._templates[b]
+        if cached is None or cached[0] != key:
+            cached = self._templates[b] = (key, self.template(stats, remaining))
+        return cached[1]
+
     def propose(self, state: DecodeState) -> TreeProposal:
-        trees = [self.template(s, left) for s, left in zip(self._stats, state.remaining)]
+        trees = [self._template_of(b, left) for b, left in enumerate(state.remaining)]
         width = max(len(t) for t in trees)
         parents = [t.parents + [-2] * (width - len(t)) for t in trees]
         ranks = [[max(r, 0) for r in t.ranks] + [0] * (width - len(t)) for t in trees]
@@ -377,7 +395,11 @@ class TokenRecyclingDrafter(Drafter):
         return TreeProposal(tokens, parents_t, [max(t.depths) for t in trees])
 
     def accept(self, state: DecodeState, outcome: StepOutcome) -> None:
-        if outcome.logits is not None and outcome.tokens is not None:
+        # A request whose template is the root alone drafts nothing, so records nothing: its
+        # template, and so its drafting, stays off for the rest of the request (a shorter depth
+        # limit only removes nodes). Its table is then never read again.
+        drafting = any(kept is None or len(kept[1]) > 1 for kept in self._templates)
+        if drafting and outcome.logits is not None and outcome.tokens is not None:
             before = _tokens_before(state.contexts, outcome.previous_starts,
                                     outcome.tokens.device)
             self.table.update(outcome.tokens, outcome.parents, outcome.logits,
@@ -400,6 +422,7 @@ class TokenRecyclingDrafter(Drafter):
     def select_requests(self, keep: list) -> None:
         self.table.select(keep)
         self._stats = [self._stats[b] for b in keep]
+        self._templates = [self._templates[b] for b in keep]
         self._judge.select_requests(keep)
 
     def report(self) -> dict:
