@@ -8,9 +8,9 @@
 #   bash scripts/device_tree.sh restore   after them (before any commit)
 #   bash scripts/device_tree.sh size      bytes that would travel
 #
-# `slim` keeps one file of results/ tracked: the newest main job's results.json (the most
-# methods among the newest committed day's runs, as gpu_check.sh picks it), and prints the
-# GPU_CHECK_ACCEPTANCE=... to put before `bash scripts/gpu_check.sh e2e`.
+# `slim` keeps tracked the results.json that `bash scripts/gpu_check.sh acceptance` picks for
+# the projections, and prints the GPU_CHECK_ACCEPTANCE=... to put before its `e2e` (on the
+# device, git sees no history of the slimmed tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXCLUDE=.git/info/exclude
@@ -21,19 +21,11 @@ travelling_bytes() {
     | xargs -0 -r du -cb 2>/dev/null | awk 'END { print $1 }'
 }
 
-# newest_main_job: of the results.json under results/ committed on the newest one's last day,
-# the one with the most methods.
-newest_main_job() {
-  git ls-files -z 'results/*results.json' | xargs -0 -r -n1 sh -c \
-    'echo "$(git log -1 --format=%ct -- "$0") $(python3 -c "import json, sys; print(len(json.load(open(sys.argv[1]))[\"figures\"]))" "$0" 2>/dev/null || echo 0) $0"' \
-    | sort -n -k1,1 | awk '{ t[NR] = $1; n[NR] = $2; f[NR] = $3 }
-      END { for (i = 1; i <= NR; i++) if (t[i] >= t[NR] - 86400 && n[i] >= best) { best = n[i]; pick = f[i] }
-            print pick }'
-}
-
 case "${1:-}" in
   slim)
-    keep=$(newest_main_job)
+    # The run e2e projects from stays tracked (when it is under results/).
+    keep=$(bash scripts/gpu_check.sh acceptance)
+    case "$keep" in results/*) ;; *) keep= ;; esac
     git rm -r -q --cached results
     [ -n "$keep" ] && git add -f "$keep"
     grep -qxF "$LINE" "$EXCLUDE" 2>/dev/null || echo "$LINE" >>"$EXCLUDE"

@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu_check.sh [reset] STAGE [STAGE ...]   stages: build kernels e2e bench sanitize
 #   bash scripts/gpu_check.sh fingerprint                 hash of the sources (compare with the report)
+#   bash scripts/gpu_check.sh acceptance                  the results.json `e2e` projects from
 #
 # The device calls, one stage each, back to back on the same warm machine: the machine goes
 # back (and a later call gets a fresh, bare one) once it has been idle 30 s, so start each call
@@ -103,14 +104,31 @@ fingerprint() {
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12
 }
 
+# methods_in RESULTS_JSON: how many methods a benchmark run measured (0 if unreadable).
+methods_in() {
+  $PY -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["figures"]))' "$1" 2>/dev/null || echo 0
+}
+
+# newest_acceptance: the results.json the projections read by default. Raw runs sit in
+# bench/results/ and results/, nested by session; of the runs committed in the newest one's
+# last day, the one with the most methods (a session commits its main job beside subsets).
+newest_acceptance() {
+  find bench/results results -name results.json 2>/dev/null \
+    | while read -r f; do echo "$(git log -1 --format=%ct -- "$f" 2>/dev/null || echo 0) $(methods_in "$f") $f"; done \
+    | sort -n -k1,1 | awk '{ t[NR] = $1; n[NR] = $2; f[NR] = $3 }
+        END { for (i = 1; i <= NR; i++) if (t[i] >= t[NR] - 86400 && n[i] >= best) { best = n[i]; pick = f[i] }
+              print pick }'
+}
+
 stages=()
 do_reset=0
 for arg in "$@"; do
   case "$arg" in
     reset) do_reset=1 ;;
     fingerprint) fingerprint; exit 0 ;;
+    acceptance) newest_acceptance; exit 0 ;;
     build|kernels|e2e|bench|sanitize) stages+=("$arg") ;;
-    *) echo "unknown stage: $arg (stages: reset build kernels e2e bench sanitize; or fingerprint)"; exit 2 ;;
+    *) echo "unknown stage: $arg (stages: reset build kernels e2e bench sanitize; or fingerprint, acceptance)"; exit 2 ;;
   esac
 done
 [ ${#stages[@]} -gt 0 ] || { echo "usage: bash scripts/gpu_check.sh [reset] build|kernels|e2e|bench|sanitize ..."; exit 2; }
@@ -326,11 +344,6 @@ stage_kernels() {
   fi
 }
 
-# methods_in RESULTS_JSON: how many methods a benchmark run measured (0 if unreadable).
-methods_in() {
-  $PY -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["figures"]))' "$1" 2>/dev/null || echo 0
-}
-
 stage_e2e() {
   ensure_built || return
   local curve=$STATE/curve-$DEV.json acceptance model rc table
@@ -366,11 +379,7 @@ stage_e2e() {
   # committed in the newest one's last day, the one with the most methods (a session commits
   # its main job beside subsets of it).
   # GPU_CHECK_ACCEPTANCE names another.
-  acceptance=${GPU_CHECK_ACCEPTANCE:-$(find bench/results results -name results.json 2>/dev/null \
-    | while read -r f; do echo "$(git log -1 --format=%ct -- "$f" 2>/dev/null || echo 0) $(methods_in "$f") $f"; done \
-    | sort -n -k1,1 | awk '{ t[NR] = $1; n[NR] = $2; f[NR] = $3 }
-        END { for (i = 1; i <= NR; i++) if (t[i] >= t[NR] - 86400 && n[i] >= best) { best = n[i]; pick = f[i] }
-              print pick }')}
+  acceptance=${GPU_CHECK_ACCEPTANCE:-$(newest_acceptance)}
   [ -n "$acceptance" ] || { note "no committed results.json to project from"; return; }
   for model in $($PY -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))["models"]))' "$curve"); do
     note ""

@@ -358,18 +358,22 @@ class TokenRecyclingDrafter(Drafter):
     def template(self, stats: AcceptanceStats, remaining: int):
         """A request's rank-path tree (a :class:`~specdec_kernels.tree.Tree` with ranks) from
         its acceptance so far: cost-optimal, or the ``max_nodes`` likeliest nodes."""
-        depth = min(self.max_depth, max(remaining - 1, 0))
+        depth = self._depth_limit(remaining)
         rates = [[stats.rate(self.name, d, r) for r in range(self.k)] for d in range(1, depth + 1)]
         cost = self.step_cost if self.use_budget else _FLAT
         tree, _, _ = choose_tree(rates, cost, max_nodes=self.max_nodes)
         return tree
+
+    def _depth_limit(self, remaining: int) -> int:
+        """The deepest node a request with ``remaining`` tokens to go may draft."""
+        return min(self.max_depth, max(remaining - 1, 0))
 
     def _template_of(self, b: int, remaining: int):
         """Request ``b``'s template, chosen again only when its statistics or its depth limit
         moved since the last choice (each choice is ~1 ms of Python, a tenth of a decoding step
         at a GGUF file's precision)."""
         stats = self._stats[b]
-        key = (stats.records, min(self.max_depth, max(remaining - 1, 0)))
+        key = (stats.records, self._depth_limit(remaining))
         cached = self._templates[b]
         if cached is None or cached[0] != key:
             cached = self._templates[b] = (key, self.template(stats, remaining))

@@ -1,26 +1,17 @@
-import time, torch
-from specdec_kernels import ops
-from specdec_kernels.models.quantized_weight import quantize_weight, pack_panels
-torch.manual_seed(0)
-shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
-layers = []
-for _ in range(30):
-    layers += [pack_panels(quantize_weight(torch.randn(*s), 4, 32)) for s in shapes]
-# the same bytes in 2 calls: all K=576 rows stacked, all K=1536 stacked
-big576 = pack_panels(quantize_weight(torch.randn(30*(960+576+3072), 576), 4, 32))
-big1536 = pack_panels(quantize_weight(torch.randn(30*576, 1536), 4, 32))
-bigs = [big576, big1536]
-nbytes = sum(q.nbytes_resident for q in layers); nb2 = sum(q.nbytes_resident for q in bigs)
-xs = {576: torch.randn(1, 576), 1536: torch.randn(1, 1536)}
-def call(q): return ops.quantized_linear(xs[q.shape[1]], q.qweight, q.scales, q.mins)
-def run(ws):
-    t=time.perf_counter()
-    for q in ws: call(q)
-    return time.perf_counter()-t
+"""The same int4 bytes in 120 layer-sized calls or 2 stacked ones, 1 and 2 threads."""
+import os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+import torch
+from probe_lib import LAYER_SHAPES, int4_layers, median_seconds
+from specdec_kernels.models.quantized_weight import pack_panels, quantize_weight
+
+layers, nbytes, call = int4_layers()
+rows576 = 30 * sum(n for n, k in LAYER_SHAPES if k == 576)
+bigs = [pack_panels(quantize_weight(torch.randn(rows576, 576), 4, 32)),
+        pack_panels(quantize_weight(torch.randn(30 * 576, 1536), 4, 32))]
+nb2 = sum(q.nbytes_resident for q in bigs)
 for th in (1, 2):
     torch.set_num_threads(th)
-    for _ in range(3): run(layers); run(bigs)
-    a=[];b=[]
-    for _ in range(15): a.append(run(layers)); b.append(run(bigs))
-    a.sort(); b.sort()
-    print(f"threads {th}: 120 calls {1000*a[7]:.2f} ms {nbytes/a[7]/1e9:.1f} GB/s | 2 calls {1000*b[7]:.2f} ms {nb2/b[7]/1e9:.1f} GB/s")
+    a = median_seconds(lambda: [call(q) for q in layers], 15, warm=3)
+    b = median_seconds(lambda: [call(q) for q in bigs], 15, warm=3)
+    print(f"threads {th}: 120 calls {1000*a:.2f} ms {nbytes/a/1e9:.1f} GB/s | 2 calls {1000*b:.2f} ms {nb2/b/1e9:.1f} GB/s")
