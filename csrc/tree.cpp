@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -659,6 +660,22 @@ inline int64_t last_visible_node(const int32_t* row, int64_t words) {
   return -1;
 }
 
+// A task's scores, [keys][kRows]: grown without being zeroed (every lane a stage reads is
+// written first) and kept by its thread between calls. Zeroing a fresh 128 KB vector per KV
+// head was 7% of a decoding token's attention at 2k keys (2-core Zen 4, perf, 2026-12-04).
+struct ScoreBuffer {
+  std::unique_ptr<float[]> data;
+  int64_t capacity = 0;
+
+  float* at_least(int64_t n) {
+    if (n > capacity) {
+      data.reset(new float[n]);
+      capacity = n;
+    }
+    return data.get();
+  }
+};
+
 // One task of tree attention: up to kRows (token, query head) rows of one KV head of one
 // request, and what its three stages (scores, softmax, value sums) share.
 template <typename row_t>
@@ -668,20 +685,50 @@ struct AttentionTask {
   const row_t* k_rows = nullptr;
   const row_t* v_rows = nullptr;
   const int32_t* row_mask[kRows] = {};
-  std::vector<float> q_rows, scores, acc, k_buf, v_buf;
+  float* scores = nullptr;  // from a ScoreBuffer
+  std::vector<float> q_rows, acc, k_buf, v_buf;
   float row_sum[kRows] = {};
 };
 
-// Keys per piece of a task's scores and head dims per piece of its value sums, when a step has
-// fewer tasks than threads to keep busy (decoding one token: one task per KV head). The AVX2
-// value sums work in blocks of 32 dims; the AVX-512 ones hold 64 dims (4 registers) a row, and
-// in pieces of 32 every piece walked all the keys at half width: decoding one token of the
-// default model's shape took 95 / 613 us a layer at 2048 / 8192 keys split so, 76 / 378 us in
-// pieces of 64 and 69 / 430 us not split at all; the AVX2 path took 99 us split in 32 and 122
-// not split at 2048 (float32, 2 threads, 2-core Zen 5, 2026-11-28, bench/RESULTS.md).
+// Score lanes the softmax and the value sums read for a task of `rows` rows: the vector code
+// takes a block of at most 4 rows with the four-row softmax (lanes 0-3); everything else reads
+// all kRows lanes. Lanes from `rows` up to this are masked (-inf) so they add nothing.
+inline int64_t lanes_read(bool vector, int64_t rows) { return vector && rows <= 4 ? 4 : kRows; }
+
+// Keys per piece of a task's scores when a step has fewer tasks than threads to keep busy
+// (decoding one token: one task per KV head).
 constexpr int64_t kKeyPiece = 256;
-constexpr int64_t kDimPiece = 32;
-constexpr int64_t kDimPieceAvx512 = 64;
+
+// The value sums of such a step: the tasks' head dims laid end to end, in units of kDimUnit,
+// cut into one equal span per thread, so each thread streams whole V rows of most of its tasks
+// and at most the two tasks at its span's ends are shared by dims. The AVX2 value sums work in
+// blocks of 32 dims, the AVX-512 ones in 64 (4 registers a row), and a task cut in 32-dim pieces
+// walks all its keys at half width per piece (95 against 76 us a layer at 2048 keys for the
+// AVX-512 path on a 2-core Zen 5, 2026-11-28). Pieces of 64 per task instead left the 3 KV
+// heads of the default model 2:1 over 2 threads: one thread summed two heads' values while the
+// other waited (2-core Zen 4, perf, 2026-12-04).
+constexpr int64_t kDimUnit = 32;
+
+// Segment (task, first dim, end dim) of the value sums.
+struct DimSegment {
+  int64_t task, d0, d1;
+};
+
+// Thread `part` of `parts`'s segments: units [U part / parts, U (part + 1) / parts) of the
+// U = tasks * ceil(head_dim / kDimUnit) units, consecutive units of one task joined.
+inline std::vector<DimSegment> value_span(int64_t tasks, int64_t head_dim, int64_t part,
+                                          int64_t parts) {
+  const int64_t per_task = ceil_div(head_dim, kDimUnit), units = tasks * per_task;
+  const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
+  std::vector<DimSegment> segments;
+  for (int64_t u = u0; u < u1;) {
+    const int64_t task = u / per_task, last = std::min(u1, (task + 1) * per_task);
+    segments.push_back({task, (u % per_task) * kDimUnit,
+                        std::min(head_dim, (last - task * per_task) * kDimUnit)});
+    u = last;
+  }
+  return segments;
+}
 
 // Batch-invariant tree attention. Each row's output depends only on its own query, the keys and
 // values it sees and their order: scores are fixed-order dot products (cpu_dot.h), the softmax
@@ -728,8 +775,8 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const bool vector = SPECDEC_X86 && level >= simd::kAvx2;
   TORCH_INTERNAL_ASSERT((vector || std::is_same_v<row_t, float>), "portable code reads float32 rows");
 
-  // The task's scaled query rows, masks, key count and float32 K/V rows; scores sized.
-  auto prepare = [&](int64_t task, Task& t) {
+  // The task's scaled query rows, masks, key count and float32 K/V rows; scores in `buffer`.
+  auto prepare = [&](int64_t task, Task& t, ScoreBuffer& buffer) {
     t.i0 = (task % row_blocks) * kRows;
     t.h = (task / row_blocks) % s.kv_heads;
     t.b = task / (row_blocks * s.kv_heads);
@@ -752,13 +799,13 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
     if (t.keys > 0) {
       t.k_rows = kv_rows<row_t>(k_ptr + t.b * ks[0] + t.h * ks[1], ks[2], t.keys, head_dim, t.k_buf, t.k_stride);
       t.v_rows = kv_rows<row_t>(v_ptr + t.b * vs[0] + t.h * vs[1], vs[2], t.keys, head_dim, t.v_buf, t.v_stride);
-      t.scores.resize(t.keys * kRows);
+      t.scores = buffer.at_least(t.keys * kRows);
     }
   };
 
   // scores[key, r] = (scaled q_r) . k_key for keys [k0, k1), key-major; then the tree mask.
   auto score_keys = [&](Task& t, int64_t k0, int64_t k1, std::vector<float>& q_t) {
-    float* scores = t.scores.data();
+    float* scores = t.scores;
     const row_t* k_rows = t.k_rows + k0 * t.k_stride;
     if (vector) {
       score_rows_vector(avx512, t.q_rows.data(), q_t.data(), head_dim, k_rows, t.k_stride,
@@ -775,10 +822,11 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
       }
     }
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    const int64_t lanes = lanes_read(vector, t.rows);
     for (int64_t key = std::max(k0, t.cache_len); key < k1; ++key)
-      for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t r = 0; r < lanes; ++r)
         if (r >= t.rows || !tree_mask_bit(t.row_mask[r], key - t.cache_len)) scores[key * kRows + r] = kNegInf;
-    for (int64_t r = t.rows; r < kRows; ++r)
+    for (int64_t r = t.rows; r < lanes; ++r)
       for (int64_t key = k0; key < std::min(k1, t.cache_len); ++key) scores[key * kRows + r] = kNegInf;
   };
 
@@ -791,24 +839,24 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
 #if SPECDEC_X86
     if (avx512) {
       if (t.rows <= 4) {
-        softmax_four_rows_avx512(t.scores.data(), t.keys, t.row_sum);
+        softmax_four_rows_avx512(t.scores, t.keys, t.row_sum);
       } else {
-        softmax_key_major_avx512(t.scores.data(), t.keys, t.row_sum);
+        softmax_key_major_avx512(t.scores, t.keys, t.row_sum);
       }
       return;
     }
     if (vector) {
       if (t.rows <= 4) {
-        softmax_four_rows_avx2(t.scores.data(), t.keys, t.row_sum);
+        softmax_four_rows_avx2(t.scores, t.keys, t.row_sum);
       } else if (t.rows <= 8) {
-        softmax_key_major_avx2<1>(t.scores.data(), t.keys, t.row_sum);
+        softmax_key_major_avx2<1>(t.scores, t.keys, t.row_sum);
       } else {
-        softmax_key_major_avx2<2>(t.scores.data(), t.keys, t.row_sum);
+        softmax_key_major_avx2<2>(t.scores, t.keys, t.row_sum);
       }
       return;
     }
 #endif
-    softmax_key_major(t.scores.data(), t.keys, t.row_sum);
+    softmax_key_major(t.scores, t.keys, t.row_sum);
   };
 
   // Value sums of head dims [d0, d1) (acc, row stride head_dim), then those dims of the output.
@@ -819,13 +867,13 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
       const row_t* v = t.v_rows + d0;
 #if SPECDEC_X86
       if (avx512) {
-        accumulate_values_avx512(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
+        accumulate_values_avx512(t.scores, v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       } else if (vector) {
-        accumulate_values_avx2(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
+        accumulate_values_avx2(t.scores, v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       } else
 #endif
       if constexpr (std::is_same_v<row_t, float>) {
-        accumulate_values(t.scores.data(), v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
+        accumulate_values(t.scores, v, t.v_stride, t.keys, t.rows, d1 - d0, head_dim, acc);
       }
     }
     for (int64_t r = 0; r < t.rows; ++r) {
@@ -842,10 +890,11 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   const bool in_place = std::is_same_v<row_t, cache_t>;  // copies are made per task
   if (!(in_place && threads > 1 && num_tasks < 2 * threads && longest >= 2 * kKeyPiece)) {
     at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+      thread_local ScoreBuffer buffer;
       Task t;
       std::vector<float> q_t(kRows * head_dim);
       for (int64_t task = begin; task < end; ++task) {
-        prepare(task, t);
+        prepare(task, t, buffer);
         if (t.keys > 0) score_keys(t, 0, t.keys, q_t);
         softmax(t);
         t.acc.assign(kRows * head_dim, 0.0f);
@@ -855,10 +904,12 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
     return;
   }
   // Few tasks: every stage split over the threads (the same operations, see above).
+  thread_local std::vector<ScoreBuffer> buffers;  // the calling thread's, one a task
+  if (static_cast<int64_t>(buffers.size()) < num_tasks) buffers.resize(num_tasks);
   std::vector<Task> tasks(num_tasks);
   std::vector<std::pair<int64_t, int64_t>> key_pieces;  // (task, first key)
   for (int64_t task = 0; task < num_tasks; ++task) {
-    prepare(task, tasks[task]);
+    prepare(task, tasks[task], buffers[task]);
     for (int64_t k0 = 0; k0 < tasks[task].keys; k0 += kKeyPiece) key_pieces.emplace_back(task, k0);
   }
   at::parallel_for(0, static_cast<int64_t>(key_pieces.size()), 1, [&](int64_t begin, int64_t end) {
@@ -875,13 +926,10 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
       tasks[task].acc.assign(kRows * head_dim, 0.0f);
     }
   });
-  const int64_t dim_piece = avx512 ? kDimPieceAvx512 : kDimPiece;
-  const int64_t dim_pieces = ceil_div(head_dim, dim_piece);
-  at::parallel_for(0, num_tasks * dim_pieces, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t d0 = (i % dim_pieces) * dim_piece;
-      sum_values(tasks[i / dim_pieces], d0, std::min(d0 + dim_piece, head_dim));
-    }
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part)
+      for (const DimSegment& g : value_span(num_tasks, head_dim, part, threads))
+        sum_values(tasks[g.task], g.d0, g.d1);
   });
 }
 
