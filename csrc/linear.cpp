@@ -162,11 +162,11 @@ at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     at::Tensor out = at::zeros(out_sizes, x.options());
     return bias.has_value() ? out.add_(*bias) : out;
   }
-  const at::Tensor rows = x.reshape({M, K}).contiguous();
+  const at::Tensor rows = x.contiguous();  // M rows of K, whatever the leading shape
   // Weight rows must have unit column stride; a transposed view would be copied on every call.
   const at::Tensor w = weight.stride(1) == 1 ? weight : weight.contiguous();
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  at::Tensor out = at::empty({M, N}, x.options());
+  at::Tensor out = at::empty(out_sizes, x.options());  // M rows of N: no view to dispatch
   const int level = simd::max_level();
   if (dtype == at::kFloat) {
     const LinearOperands<float> op{rows.const_data_ptr<float>(), w.const_data_ptr<float>(),
@@ -180,7 +180,7 @@ at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                                   out.mutable_data_ptr<bf16>(), K, w.stride(0), N, M, N, K};
     linear_rows(op, dot::tiles_for<bf16>(level));
   }
-  return out.view(out_sizes);
+  return out;
 }
 
 // The instruction set the CPU kernels use; `cap` >= 0 caps it (tests), -1 lifts the cap, any

@@ -155,9 +155,11 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std:
   for (int64_t i = 0; i + 1 < x.dim(); ++i) M *= x.size(i);
   if (M == 0 || N == 0) return at::empty(out_sizes, x.options());
 
-  const Operands op{M, K, x.reshape({M, K}).contiguous(), qweight.contiguous(), scales.contiguous(),
+  // A contiguous x of any leading shape is its M rows of K, and the float32 result is made in
+  // the output's shape: no reshape, view or same-dtype `to` to dispatch.
+  const Operands op{M, K, x.contiguous(), qweight.contiguous(), scales.contiguous(),
                     mins.has_value() ? mins->contiguous() : at::Tensor(), simd::max_level()};
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(out_sizes, x.options().dtype(at::kFloat));
   if (scale_type == at::kFloat) {
     tiles(float{}, op, out.mutable_data_ptr<float>());
   } else if (scale_type == at::kHalf) {
@@ -166,7 +168,7 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std:
     tiles(qpanel::KScale{}, op, out.mutable_data_ptr<float>());
   }
   if (bias.has_value()) out.add_(bias->to(at::kFloat));  // elementwise: the same for every row
-  return out.to(dtype).view(out_sizes);
+  return dtype == at::kFloat ? out : out.to(dtype);
 }
 
 // Blocks of x quantized per task: one decoding row (18-48 blocks) stays on the calling thread.

@@ -136,15 +136,23 @@ def test_batch_invariant(cpu_isa, bits, group, k, gen):
     assert torch.equal(ops.quantized_linear(x[perm], *panels, b), alone[perm])
 
 
-def test_batch_invariant_whatever_the_threads(gen):
-    x, _, panels, _ = panel_operands(9, 304, 256, gen)
+@pytest.mark.parametrize("m,k", [(9, 256), (97, 576)])
+def test_batch_invariant_whatever_the_threads(m, k, gen):
+    """The same bits on 1 and on several threads; 97 rows of 576 are 1746 blocks of x, so their
+    quantization is split over the threads too (each thread must quantize into the caller's
+    rows: a thread-local buffer named inside the parallel loop would be each worker's own)."""
+    x, _, panels, _ = panel_operands(m, 304, k, gen)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         single = ops.quantized_linear(x, *panels)
+        torch.set_num_threads(max(threads, 2))
+        several = ops.quantized_linear(x, *panels)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(ops.quantized_linear(x, *panels), single)
+    assert torch.equal(several, single)
+    want = reference.quantized_linear(x, *panels)
+    torch.testing.assert_close(single, want, **tolerance(x.dtype, want))
 
 
 def test_leading_dims_and_empty(gen):
