@@ -444,7 +444,8 @@ def test_rejects_mixed_devices():
     ((4, 4, 16), 37), ((9, 3, 64), 37), ((12, 2, 80), 37), ((32, 1, 8), 37),
     # Long prefixes: a token alone is few tasks, so the kernel splits keys and head dims over
     # the threads (float32), while the tree's many rows run one task per row block.
-    # (AVX-512 value sums split in pieces of 64 dims: 80 and 128 give a short and two full.)
+    # (The value sums are cut in 32-dim units into one span per thread: with 80 or 36 dims a
+    # span can end inside a head and inside a unit's last, short piece.)
     ((9, 3, 64), 1031), ((12, 2, 80), 777), ((2, 1, 36), 600), ((12, 2, 128), 700),
 ])
 def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, prefix, gen):
@@ -474,6 +475,30 @@ def test_cpu_tree_rows_equal_one_token_decoding(cpu_isa, dtype, heads, prefix, g
             assert torch.equal(alone[0, 0], tree_out[0, j]), j
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("heads,batch", [((9, 3, 64), 1), ((8, 2, 48), 2), ((6, 1, 100), 3),
+                                         ((5, 5, 72), 1)])
+def test_cpu_decoding_bits_do_not_depend_on_threads(cpu_isa, heads, batch, gen):
+    """A decoding token's attention over a long prefix (the schedule that splits keys and head
+    dims over the threads) gives the same bits on 1, 2, 3 and 5 threads: every thread count cuts
+    the value sums' spans elsewhere, across and inside heads."""
+    q_heads, kv_heads, head_dim = heads
+    lens = torch.tensor([1200, 700, 1100][:batch])
+    q = torch.randn(batch, 1, q_heads, head_dim, generator=gen)
+    k = torch.randn(batch, kv_heads, 1300, head_dim, generator=gen)
+    v = torch.randn(batch, kv_heads, 1300, head_dim, generator=gen)
+    mask = torch.ones(batch, 1, 1, dtype=torch.int32)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for count in (1, 2, 3, 5):
+            torch.set_num_threads(count)
+            outs.append(ops.tree_attention(q, k, v, lens, mask, 0.2))
+    finally:
+        torch.set_num_threads(threads)
+    for count, out in zip((2, 3, 5), outs[1:]):
+        assert torch.equal(out, outs[0]), count
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
