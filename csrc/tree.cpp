@@ -709,25 +709,19 @@ constexpr int64_t kKeyPiece = 256;
 // other waited (2-core Zen 4, perf, 2026-12-04).
 constexpr int64_t kDimUnit = 32;
 
-// Segment (task, first dim, end dim) of the value sums.
-struct DimSegment {
-  int64_t task, d0, d1;
-};
-
-// Thread `part` of `parts`'s segments: units [U part / parts, U (part + 1) / parts) of the
-// U = tasks * ceil(head_dim / kDimUnit) units, consecutive units of one task joined.
-inline std::vector<DimSegment> value_span(int64_t tasks, int64_t head_dim, int64_t part,
-                                          int64_t parts) {
+// Calls segment(task, d0, d1) for thread `part` of `parts`: units [U part / parts,
+// U (part + 1) / parts) of the U = tasks * ceil(head_dim / kDimUnit) units, consecutive units of
+// one task joined into one segment.
+template <typename Segment>
+inline void for_value_span(int64_t tasks, int64_t head_dim, int64_t part, int64_t parts,
+                           const Segment& segment) {
   const int64_t per_task = ceil_div(head_dim, kDimUnit), units = tasks * per_task;
   const int64_t u0 = units * part / parts, u1 = units * (part + 1) / parts;
-  std::vector<DimSegment> segments;
   for (int64_t u = u0; u < u1;) {
     const int64_t task = u / per_task, last = std::min(u1, (task + 1) * per_task);
-    segments.push_back({task, (u % per_task) * kDimUnit,
-                        std::min(head_dim, (last - task * per_task) * kDimUnit)});
+    segment(task, (u % per_task) * kDimUnit, std::min(head_dim, (last - task * per_task) * kDimUnit));
     u = last;
   }
-  return segments;
 }
 
 // Batch-invariant tree attention. Each row's output depends only on its own query, the keys and
@@ -928,8 +922,9 @@ void tree_attention_cpu_kernel(const at::Tensor& q, const at::Tensor& k_cache,
   });
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part)
-      for (const DimSegment& g : value_span(num_tasks, head_dim, part, threads))
-        sum_values(tasks[g.task], g.d0, g.d1);
+      for_value_span(num_tasks, head_dim, part, threads, [&](int64_t task, int64_t d0, int64_t d1) {
+        sum_values(tasks[task], d0, d1);
+      });
   });
 }
 
