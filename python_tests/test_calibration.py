@@ -27,15 +27,29 @@ def model():
     return tiny_model("llama", vocab=64, layers=2)
 
 
-def test_measured_curve_covers_every_width_and_never_falls(model):
+def test_measured_curves_cover_every_prefix_and_width_and_never_fall(model):
     runner = ModelRunner(model)
     try:
-        curve = calibration.measure_step_cost(runner, widths=(1, 3, 8, 17), prefix=9, rounds=2)
+        curves = calibration.measure_step_cost(runner, widths=(1, 3, 8, 17), prefixes=(40, 9),
+                                               rounds=2)
     finally:
         runner.release()
-    assert list(curve) == [1, 3, 8, 17]
-    values = list(curve.values())
-    assert all(v > 0 for v in values) and values == sorted(values)
+    assert list(curves) == [9, 40]
+    for curve in curves.values():
+        assert list(curve) == [1, 3, 8, 17]
+        values = list(curve.values())
+        assert all(v > 0 for v in values) and values == sorted(values)
+
+
+def test_a_prefix_past_the_models_positions_is_cut_to_what_fits(model):
+    """The tiny model has 512 positions: a 17-row block fits after 495 cached rows at most."""
+    runner = ModelRunner(model)
+    try:
+        assert model.config.max_position_embeddings == 512
+        assert calibration.measured_prefixes(runner, (9, 10_000, 600), (1, 17)) == [9, 495]
+        assert calibration.measured_prefixes(runner, calibration.PREFIXES) == [256, 384]
+    finally:
+        runner.release()
 
 
 def test_measured_once_then_read_from_the_machine_cache(model, machine_mode, monkeypatch, capsys):
@@ -43,16 +57,17 @@ def test_measured_once_then_read_from_the_machine_cache(model, machine_mode, mon
 
     def fake_measure(runner, **kwargs):
         calls.append(runner)
-        return {1: 10.0, 8: 12.0, 64: 40.0}
+        return {256: {1: 10.0, 8: 12.0, 64: 40.0}, 2048: {1: 11.0, 8: 20.0, 64: 90.0}}
 
     monkeypatch.setattr(calibration, "measure_step_cost", fake_measure)
     first = ModelRunner(model).step_cost()
     assert "measuring this machine's step cost" in capsys.readouterr().err
-    assert first.points == [(1, 10.0), (8, 12.0), (64, 40.0)]
+    assert first.points == [(1, 10.0), (8, 12.0), (64, 40.0)]  # the short context's
+    assert first.prefixes == [256, 2048] and first(8, 2048) == 20.0
     assert first.source.startswith("measured here")
     # Another runner (another process would be the same): read, not measured.
     again = ModelRunner(model).step_cost()
-    assert again.points == first.points and len(calls) == 1
+    assert again.by_prefix == first.by_prefix and len(calls) == 1
     assert capsys.readouterr().err == ""
     # Another model shape is another entry.
     ModelRunner(tiny_model("llama", vocab=64, layers=3)).step_cost()
@@ -76,7 +91,7 @@ def test_a_given_curve_wins_and_the_shipped_one_on_request(model, machine_mode, 
 def test_trees_are_sized_from_the_machine_curve(model, machine_mode, monkeypatch, curve, nodes):
     """Token recycling's template on a flat curve keeps every node it may; on a steep one
     (a third token costs 2.6 steps) a single draft."""
-    monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: curve)
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: {256: curve})
     drafter = TokenRecyclingDrafter(max_nodes=12)
     drafter.bind(ModelRunner(model), None)
     assert drafter.describe()["cost_curve"].startswith("measured here")
@@ -92,15 +107,20 @@ def test_specdec_calibrate_measures_again_and_prints_the_curve(model, machine_mo
 
     Loaded.model = model
     monkeypatch.setattr(models, "load_model", lambda *a, **k: Loaded)
-    readings = iter([{1: 5.0, 2: 6.0}, {1: 4.0, 2: 8.0}])
+    readings = iter([{256: {1: 5.0, 2: 6.0}, 2048: {1: 5.0, 2: 7.5}},
+                     {256: {1: 4.0, 2: 8.0}, 2048: {1: 5.0, 2: 15.0}}])
     monkeypatch.setattr(calibration, "measure_step_cost", lambda *a, **k: next(readings))
     assert cli.main(["calibrate", "--model", "tiny"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"c\(T\)/c\(1\)\s+1\.00\s+1\.20", out)
+    short, long = out.split("after 256 cached tokens:")[1].split("after 2048 cached tokens:")
+    assert re.search(r"c\(T\)/c\(1\)\s+1\.00\s+1\.20", short)
+    assert re.search(r"c\(T\)/c\(1\)\s+1\.00\s+1\.50", long)
     assert cli.main(["calibrate", "--model", "tiny", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["latency_ms"] == {"1": 4.0, "2": 8.0}
-    assert ModelRunner(model).step_cost().points == [(1, 4.0), (2, 8.0)]  # the new one is kept
+    assert result["latency_ms_by_prefix"] == {"256": {"1": 4.0, "2": 8.0},
+                                              "2048": {"1": 5.0, "2": 15.0}}
+    kept = ModelRunner(model).step_cost()  # the new one is kept
+    assert kept.points == [(1, 4.0), (2, 8.0)] and kept(2, 2048) == 15.0
 
 
 def test_a_quantized_model_has_a_curve_of_its_own():

@@ -221,7 +221,7 @@ def test_the_draft_cost_is_measured_once_per_machine(target, make, monkeypatch, 
 
     def fake_target(runner, **kwargs):
         measured.append(("target", runner.num_layers))
-        return {1: 10.0, 128: 10.0}
+        return {256: {1: 10.0, 128: 10.0}}
 
     def fake_draft(target, draft, exit_layer=None, **kwargs):
         measured.append(("draft", draft.num_layers, exit_layer))
@@ -277,7 +277,7 @@ def test_recalibrating_the_target_remeasures_its_drafts(target, monkeypatch, tmp
 
     monkeypatch.setenv("SPECDEC_STEP_COST", "machine")
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibration, "measure_step_cost", lambda runner, **k: {1: 10.0, 64: 20.0})
+    monkeypatch.setattr(calibration, "measure_step_cost", lambda runner, **k: {256: {1: 10.0, 64: 20.0}})
     ratios = iter([{1: 0.3}, {1: 0.6}])
     monkeypatch.setattr(calibration, "measure_draft_cost", lambda *a, **k: next(ratios))
     runner, other = ModelRunner(target), ModelRunner(tiny_model("llama", vocab=48, layers=2))

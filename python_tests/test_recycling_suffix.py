@@ -364,14 +364,14 @@ class CheckedRecycling(TokenRecyclingDrafter):
         super().start(state)
         self.table_at_start = self.table.single.clone()
 
-    def template(self, stats, remaining):
+    def template(self, stats, remaining, context=None):
         self.choices += 1
-        return super().template(stats, remaining)
+        return super().template(stats, remaining, context)
 
     def propose(self, state):
-        for b, left in enumerate(state.remaining):
-            kept = self._template_of(b, left)
-            fresh = TokenRecyclingDrafter.template(self, self._stats[b], left)
+        for b, (left, context) in enumerate(zip(state.remaining, state.context_lengths)):
+            kept = self._template_of(b, left, context)
+            fresh = TokenRecyclingDrafter.template(self, self._stats[b], left, context)
             assert (kept.parents, kept.ranks) == (fresh.parents, fresh.ranks), (b, left)
         return super().propose(state)
 

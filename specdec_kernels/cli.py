@@ -283,16 +283,18 @@ def _run_calibrate(args) -> int:
         curve = calibration.calibrate(runner)
     finally:
         runner.release()
-    points = dict(curve.points)
+    curves = {prefix: dict(points) for prefix, points in curve.by_prefix}
     if args.json:
-        print(json.dumps({"latency_ms": points, "source": curve.source,
+        print(json.dumps({"latency_ms_by_prefix": curves, "source": curve.source,
                           "kernels": runner.kernels.describe()}))
         return 0
     print(f"step cost of {args.model} on this machine ({runner.kernels.path} kernels, "
           f"{runner.kernels.isa}), kept in {curve.source.removeprefix('measured here (')[:-1]}:")
-    print(f"{'T':<10}" + "".join(f"{t:>8}" for t in points))
-    print(f"{'ms':<10}" + "".join(f"{ms:>8.2f}" for ms in points.values()))
-    print(f"{'c(T)/c(1)':<10}" + "".join(f"{ms / points[1]:>8.2f}" for ms in points.values()))
+    for prefix, points in curves.items():
+        print(f"after {prefix} cached tokens:")
+        print(f"{'T':<10}" + "".join(f"{t:>8}" for t in points))
+        print(f"{'ms':<10}" + "".join(f"{ms:>8.2f}" for ms in points.values()))
+        print(f"{'c(T)/c(1)':<10}" + "".join(f"{ms / points[1]:>8.2f}" for ms in points.values()))
     return 0
 
 

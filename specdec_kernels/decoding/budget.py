@@ -18,6 +18,12 @@ form a valid tree and are the best ``n``-node tree; the size kept maximises
 ``expected / c(width)``. A batch shares one block: the kept size ``n`` is common to every
 request, and the block's cost is ``c(B * (n + 1))`` (the step's linear layers see
 ``B * T`` rows; the shipped curve is measured per row count).
+
+Every choice is costed at the step's context (``context``: the cached rows its attention reads,
+the batch's mean for a shared block, :attr:`DecodeState.context_length
+<specdec_kernels.decoding.drafter.DecodeState.context_length>`): a verified row costs more
+after 2k tokens than after 256 (:class:`~specdec_kernels.decoding.cost.StepCost`), so trees and
+chains shrink as a request's context grows.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from specdec_kernels.tree import Tree, Trie, stack_trees, tree_from_choices
 __all__ = [
     "CHAIN_PRIOR",
     "CLASS_PRIORS",
+    "CONTEXT_STEP",
     "DEPTH_PRIOR_WEIGHT",
     "MAX_PAUSE_STEPS",
     "PAUSE_STEPS",
@@ -48,6 +55,11 @@ __all__ = [
     "judge",
     "path_probabilities",
 ]
+
+#: Cached rows by which a request's context must move before a choice kept between steps (token
+#: recycling's template) is made again at the new context: 128 rows move the development CPU's
+#: float32 c(16) by 1.4 ms of its 29-48 ms (256 to 2048 cached tokens, 2026-12-04).
+CONTEXT_STEP = 128
 
 #: Prior acceptance of a node by how deep its prophet drafted this time (the class in a
 #: statistics key ``"name:class"``, see ``CandidateTree.labels``): evidence replaces it within
@@ -175,9 +187,10 @@ class TreeBudget:
         self.max_nodes = max_nodes
         self.overhead_ms = overhead_ms
 
-    def cost(self, width: int, batch: int = 1) -> float:
-        """Cost of one step whose block is ``width`` rows per request."""
-        return self.step_cost(batch * width) + self.overhead_ms
+    def cost(self, width: int, batch: int = 1, context: float | None = None) -> float:
+        """Cost of one step whose block is ``width`` rows per request after ``context`` cached
+        rows (``None``: the curve's shortest measured context)."""
+        return self.step_cost(batch * width, context) + self.overhead_ms
 
     @staticmethod
     def order(parents: list, probs: list) -> list:
@@ -189,13 +202,15 @@ class TreeBudget:
         nodes = [j for j in range(1, len(parents)) if probs[j] > 0]
         return sorted(nodes, key=lambda j: (-probs[j], depth[j], j))
 
-    def choose(self, trees: list) -> tuple:
+    def choose(self, trees: list, context: float | None = None) -> tuple:
         """The kept nodes of every request's tree.
 
         Parameters
         ----------
         trees : list of (list of int, list of float)
             Per request, ``(parents, path_probs)`` of its candidate tree (node 0 the root).
+        context : float, optional
+            Cached rows the step's attention reads per request (see :meth:`cost`).
 
         Returns
         -------
@@ -212,17 +227,17 @@ class TreeBudget:
         longest = min(max((len(o) for o in orders), default=0), self.max_nodes)
         # Expected tokens when every request keeps its n most likely nodes, for each n.
         best_n, expected = 0, float(batch)
-        best_value = expected / self.cost(1, batch)
+        best_value = expected / self.cost(1, batch, context)
         running = float(batch)
         for n in range(1, longest + 1):
             for (_, probs), order in zip(trees, orders):
                 if n <= len(order):
                     running += probs[order[n - 1]]
-            value = running / self.cost(n + 1, batch)
+            value = running / self.cost(n + 1, batch, context)
             if value > best_value:
                 best_n, expected, best_value = n, running, value
         kept = [sorted([0] + order[:best_n]) for order in orders]
-        return kept, expected, self.cost(best_n + 1, batch)
+        return kept, expected, self.cost(best_n + 1, batch, context)
 
 
 # ---------------------------------------------------------------------------- pauses
@@ -299,7 +314,8 @@ class ChainBudget:
     A chain of ``K`` drafts is expected to emit ``E(K) = 1 + sum_{i <= K} prod_{j <= i} a_j``
     tokens, ``a_j`` the acceptance of depth ``j`` when depth ``j - 1`` was accepted, and to
     cost ``c_t(K + 1) + K c_d(1)``: the target verifies ``K + 1`` rows, the draft runs ``K``
-    forwards. The length kept maximises ``E(K) / cost(K)`` over ``1 .. cap``. ``a_j`` is the
+    forwards, ``c_t`` at the step's context. The length kept maximises ``E(K) / cost(K)`` over
+    ``1 .. cap``. ``a_j`` is the
     posterior mean of what depth ``j`` measured under a prior of :data:`DEPTH_PRIOR_WEIGHT`
     observations at ``a_{j-1}`` (``a_1``'s prior is ``first_draft_prior``, one observation): a
     depth never tried is taken to do as well as the one before, so a chain that is accepted
@@ -339,11 +355,13 @@ class ChainBudget:
         self.counts: list = []  # per depth - 1: [tried, accepted]
         self.pause = ProphetPause()
         self.lengths: dict = {}  # chosen length -> steps
+        self.context: float | None = None  # of the step whose length was chosen last
 
-    def cost(self, length: int) -> float:
-        """Modelled cost of a step that drafts ``length`` tokens."""
+    def cost(self, length: int, context: float | None = None) -> float:
+        """Modelled cost of a step that drafts ``length`` tokens after ``context`` cached
+        rows (``None``: the curve's shortest measured context)."""
         drafting = 0.0 if self.draft_cost is None else length * self.draft_cost(1)
-        return self.target_cost(length + 1) + drafting
+        return self.target_cost(length + 1, context) + drafting
 
     def rates(self, length: int) -> list:
         """``[a_1, ..., a_length]``: estimated acceptance by depth, given the depth before."""
@@ -355,23 +373,26 @@ class ChainBudget:
             weight = DEPTH_PRIOR_WEIGHT
         return out
 
-    def can_pay(self, cap: int) -> bool:
+    def can_pay(self, cap: int, context: float | None = None) -> bool:
         """Whether some length up to ``cap`` would beat a plain step if every draft were
         accepted (a draft that costs about a target token never can: it is not even probed)."""
-        plain = self.target_cost(1)
-        return any((k + 1) * plain > self.cost(k) for k in range(1, cap + 1))
+        plain = self.target_cost(1, context)
+        return any((k + 1) * plain > self.cost(k, context) for k in range(1, cap + 1))
 
-    def length(self, cap: int) -> int:
-        """Drafts to propose this step (``0``: paused, or ``cap <= 0``); call once a step."""
+    def length(self, cap: int, context: float | None = None) -> int:
+        """Drafts to propose this step (``0``: paused, or ``cap <= 0``), costed after
+        ``context`` cached rows; call once a step (:meth:`record` costs the step at the same
+        context)."""
+        self.context = context
         if cap <= 0:
             return 0
         best = 0
-        if self.can_pay(cap) and self.pause.proposes():
+        if self.can_pay(cap, context) and self.pause.proposes():
             best_value = expected = path = 1.0
             for k, rate in enumerate(self.rates(cap), start=1):
                 path *= rate
                 expected += path
-                value = expected / self.cost(k)
+                value = expected / self.cost(k, context)
                 if best == 0 or value > best_value:
                     best, best_value = k, value
         self.lengths[best] = self.lengths.get(best, 0) + 1
@@ -385,14 +406,14 @@ class ChainBudget:
                 self.counts.append([0, 0])
             self.counts[depth][0] += 1
             self.counts[depth][1] += int(depth < accepted)
-        plain = self.target_cost(1)
+        plain = self.target_cost(1, self.context)
         # The running averages start (and restart after a pause) from what the prior
         # expects of this length, so a few unlucky first steps do not pause a drafter the
         # prior trusts; steady rejections still do within PROBE_STEPS.
         prior, expected = self.first_draft_prior, 0.0
         for depth in range(1, drafted + 1):
             expected += prior ** depth
-        cost = self.cost(drafted) - plain
+        cost = self.cost(drafted, self.context) - plain
         self.pause.record(accepted * plain, cost, start=(expected * plain, cost))
 
     def report(self) -> dict:
@@ -419,9 +440,13 @@ class ChainBudgets:
                         for _ in range(batch)]
         self.finished: list = []
 
-    def lengths(self, caps: list) -> list:
-        """Each running request's drafts this step, within its cap."""
-        return [budget.length(cap) for budget, cap in zip(self.running, caps)]
+    def lengths(self, caps: list, contexts: list | None = None) -> list:
+        """Each running request's drafts this step, within its cap, costed at its context
+        (``contexts``: cached rows per request, :attr:`DecodeState.context_lengths
+        <specdec_kernels.decoding.drafter.DecodeState.context_lengths>`)."""
+        contexts = [None] * len(caps) if contexts is None else contexts
+        return [budget.length(cap, context)
+                for budget, cap, context in zip(self.running, caps, contexts)]
 
     def record(self, drafted: list, accepted: list) -> None:
         """Per running request: drafts proposed and accepted (requests without drafts skip)."""
@@ -523,7 +548,8 @@ def depth_class(depth: int) -> str:
 
 
 def budgeted_trees(
-    candidates: list, stats: AcceptanceStats, budget: TreeBudget, remaining: list
+    candidates: list, stats: AcceptanceStats, budget: TreeBudget, remaining: list,
+    context: float | None = None,
 ) -> tuple:
     """Keep, in every request's candidate trie, the nodes the budget chooses.
 
@@ -537,6 +563,8 @@ def budgeted_trees(
     remaining : list of int
         Tokens each request may still emit (nodes deeper than ``remaining - 1`` are never
         kept, so a request's tree depends on itself only).
+    context : float, optional
+        Cached rows the step's attention reads per request (:meth:`TreeBudget.choose`).
 
     Returns
     -------
@@ -556,7 +584,7 @@ def budgeted_trees(
             for j in range(1, len(cand))
         ]
         scored.append((cand.parents, path_probabilities(cand.parents, cond)))
-    kept, _, _ = budget.choose(scored)
+    kept, _, _ = budget.choose(scored, context)
     trees = [cand.tree(nodes) for cand, nodes in zip(candidates, kept)]
     tokens, parents = stack_trees(trees)
     return tokens, parents, kept, [max(t.depths) for t in trees]
@@ -647,6 +675,7 @@ def choose_tree(
     head_cost_ms: float = 0.0,
     max_nodes: int = 64,
     chain: bool = False,
+    context: float | None = None,
 ) -> tuple[Tree, float, float]:
     """The static tree that maximises expected tokens per unit of step cost: the cost-model
     budget (:class:`TreeBudget`) applied once to a rank-path tree (Medusa's heads, token
@@ -666,6 +695,8 @@ def choose_tree(
         Most drafted nodes considered.
     chain : bool
         Only rank-0 guesses (blockwise decoding's chain).
+    context : float, optional
+        Cached rows the step's attention reads (see :meth:`TreeBudget.cost`).
 
     Returns
     -------
@@ -685,7 +716,7 @@ def choose_tree(
     cond = [1.0] + [accuracy[depth - 1][rank] for depth, rank in nodes]
     budget = TreeBudget(step_cost, max_nodes=max_nodes, overhead_ms=head_cost_ms)
     scored = (candidates.parents, path_probabilities(candidates.parents, cond))
-    (kept,), expected, cost = budget.choose([scored])
+    (kept,), expected, cost = budget.choose([scored], context)
     choices = candidates.choices
     return tree_from_choices([choices[j - 1] for j in kept[1:]]), expected, cost
 

@@ -2,7 +2,9 @@
 
 Drafts and trees are sized from ``c(T)``, the cost of one target forward over ``T`` tokens
 (:class:`~specdec_kernels.decoding.cost.StepCost`). That is a property of the machine, the
-model's shape and the kernels in use, so it is measured where the package runs: the first time
+model's shape, the kernels in use and the context the step's attention reads (measured after a
+short and a long cached prefix, :data:`PREFIXES`; the drafters ask for the cost at each step's
+context), so it is measured where the package runs: the first time
 a drafter asks (:meth:`ModelRunner.step_cost
 <specdec_kernels.decoding.runner.ModelRunner.step_cost>`), a few seconds of forwards of the
 user's own model after a cached prefix, kept per machine and model
@@ -11,7 +13,8 @@ measures again (:func:`calibrate`).
 
 A chain drafter also needs what one of its draft forwards costs: that is measured as a ratio to
 a target token, interleaved with the target's forwards (:func:`measure_draft_cost`), and
-cached the same way.
+cached the same way (after the short prefix only: a one-token forward's cost hardly moves with
+the context, 19.4 against 19.6 ms at 256 and 2048 cached tokens on the development CPU).
 
 ``SPECDEC_STEP_COST=shipped`` uses the curve the package ships (measured on its development
 CPU for the default model's shape) instead, as the tests do (their tree sizes must not depend on
@@ -35,12 +38,14 @@ from specdec_kernels.models.quantized_weight import QuantizedWeight
 __all__ = [
     "DRAFT_WIDTHS",
     "PREFIX",
+    "PREFIXES",
     "WIDTHS",
     "calibrate",
     "machine_draft_cost",
     "machine_step_cost",
     "measure_draft_cost",
     "measure_step_cost",
+    "measured_prefixes",
     "step_cost_key",
     "uses_shipped_curve",
 ]
@@ -52,8 +57,13 @@ WIDTHS = (1, 2, 4, 6, 8, 12, 16, 32, 64, 128)
 #: Rows of a draft forward at which its cost is measured (a batch of requests, one token
 #: each, measured as one request's block of that width, as the target's curve is).
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)
-#: Cached tokens before the measured block (a short conversation's worth).
-PREFIX = 256
+#: Cached tokens before the measured block: a short conversation's worth, and a long
+#: prompt's (summaries and retrieval-augmented prompts run 1-3k tokens). A block of 16 after
+#: 2048 cost 2.6x one after 256 beyond c(1) on the development CPU (2026-12-04); between and
+#: past them the cost is taken linear in the context (:class:`StepCost`).
+PREFIXES = (256, 2048)
+#: The short one: where a draft forward's cost is measured.
+PREFIX = PREFIXES[0]
 _KIND = "step_cost"
 _DRAFT_KIND = "draft_cost"
 _ENV = "SPECDEC_STEP_COST"
@@ -104,28 +114,45 @@ def _non_decreasing(curve: dict) -> dict:
     return out
 
 
+def measured_prefixes(runner, prefixes=PREFIXES, widths=WIDTHS) -> list:
+    """The prefixes that fit the model's positions with the widest block after them (a longer
+    one is cut to what fits), without repeats."""
+    limit = getattr(runner.config, "max_position_embeddings", None)
+    if limit is None:
+        return sorted(set(prefixes))
+    room = max(int(limit) - max(widths), 1)
+    return sorted({min(int(p), room) for p in prefixes})
+
+
 @torch.inference_mode()
-def measure_step_cost(runner, *, widths=WIDTHS, prefix: int = PREFIX, rounds: int = 5) -> dict:
-    """``{T: ms}``: the median over ``rounds`` of one forward of ``runner``'s model over ``T``
-    tokens of one request after ``prefix`` cached tokens, widths interleaved round by round,
-    the curve made non-decreasing.
+def measure_step_cost(runner, *, widths=WIDTHS, prefixes=PREFIXES, rounds: int = 5) -> dict:
+    """``{prefix: {T: ms}}``: the median over ``rounds`` of one forward of ``runner``'s model
+    over ``T`` tokens of one request after ``prefix`` cached tokens, every (prefix, width)
+    interleaved round by round, each curve made non-decreasing.
 
     Parameters
     ----------
     runner : ModelRunner
         Its model, device and kernels are what is measured.
     widths : sequence of int
-    prefix : int
+    prefixes : sequence of int
+        Cut to the model's positions (:func:`measured_prefixes`).
     rounds : int
 
     Returns
     -------
     dict
-        ``{T: milliseconds}``.
+        ``{prefix: {T: milliseconds}}``.
     """
     widths = sorted(int(t) for t in widths)
-    calls = _forward_block(runner, widths, prefix, torch.Generator().manual_seed(0))
-    return _non_decreasing(_median_ms(calls, runner.device, rounds))
+    gen = torch.Generator().manual_seed(0)
+    calls = {(prefix, t): call for prefix in measured_prefixes(runner, prefixes, widths)
+             for t, call in _forward_block(runner, widths, prefix, gen).items()}
+    times = _median_ms(calls, runner.device, rounds)
+    curves: dict = {}
+    for (prefix, t), ms in times.items():
+        curves.setdefault(prefix, {})[t] = ms
+    return {prefix: _non_decreasing(curve) for prefix, curve in curves.items()}
 
 
 @torch.inference_mode()
@@ -145,8 +172,10 @@ def measure_draft_cost(target, draft, *, exit_layer: int | None = None, widths=D
         The draft's runner (the target's own, with ``exit_layer``, for a layer-skip draft).
     exit_layer : int, optional
         The draft's forward leaves after this many decoder layers.
-    widths, prefix, rounds
+    widths, rounds
         As in :func:`measure_step_cost`.
+    prefix : int
+        Cached tokens before the measured blocks.
 
     Returns
     -------
@@ -195,7 +224,7 @@ def step_cost_key(runner, exit_layer: int | None = None) -> dict:
         "kernels": runner.kernels.path,
         "forward": runner.forward_path,
         "widths": list(WIDTHS),
-        "prefix": PREFIX,
+        "prefixes": list(PREFIXES),
     }
     if exit_layer is not None:
         key["exit_layer"] = exit_layer
@@ -205,14 +234,22 @@ def step_cost_key(runner, exit_layer: int | None = None) -> dict:
 
 
 def calibrate(runner) -> StepCost:
-    """Measure ``c(T)`` of ``runner``'s model on this machine now (:func:`measure_step_cost`)
-    and keep it in the machine cache for later runs (``specdec calibrate``); its drafts' costs
-    (:func:`machine_draft_cost`) are measured again at their next use."""
-    measured = {"latency_ms": measure_step_cost(runner)}
+    """Measure ``c(T)`` of ``runner``'s model on this machine now, after each of
+    :data:`PREFIXES` (:func:`measure_step_cost`), and keep it in the machine cache for later
+    runs (``specdec calibrate``); its drafts' costs (:func:`machine_draft_cost`) are measured
+    again at their next use."""
+    curves = measure_step_cost(runner)
+    measured = {"latency_ms_by_prefix": {str(p): {str(t): ms for t, ms in c.items()}
+                                         for p, c in curves.items()}}
     machine_cache.store(_KIND, step_cost_key(runner), measured)
     # Its drafts' costs were ratios to the old measurement: measured again at next use.
     machine_cache.forget(_DRAFT_KIND, {**machine_cache.fingerprint(), "target": step_cost_key(runner)})
-    return StepCost(measured["latency_ms"], source=f"measured here ({machine_cache.cache_file()})")
+    return _machine_curve(measured)
+
+
+def _machine_curve(measured: dict) -> StepCost:
+    return StepCost.by_context(measured["latency_ms_by_prefix"],
+                               source=f"measured here ({machine_cache.cache_file()})")
 
 
 def uses_shipped_curve() -> bool:
@@ -243,7 +280,7 @@ def machine_step_cost(runner) -> StepCost:
         return StepCost.load(None)
     found = machine_cache.lookup(_KIND, step_cost_key(runner))
     if found is not None:
-        return StepCost(found["latency_ms"], source=f"measured here ({machine_cache.cache_file()})")
+        return _machine_curve(found)
     print(f"specdec: measuring this machine's step cost for the model (once; kept in "
           f"{machine_cache.cache_file()})", file=sys.stderr)
     return calibrate(runner)

@@ -74,7 +74,12 @@ drafting does not pay, one budget per request
 (:class:`~specdec_kernels.decoding.budget.ChainBudgets`): every
 :class:`~specdec_kernels.decoding.chain_drafter.AutoregressiveDrafter` uses it (a new chain
 drafter only says what its draft forward is, ``_draft_cost``), and Jacobi's and blockwise
-decoding's guesses with no draft cost at all.
+decoding's guesses with no draft cost at all. The cost of a step grows with the context its
+attention reads, so every choice is made at the step's: ``state.context_length`` (the batch's
+mean, for a block the batch shares) or ``state.context_lengths`` (per request, for a
+request's own budget), passed to ``TreeBudget.choose``, ``budgeted_trees``, ``choose_tree``
+and ``ChainBudgets.lengths``; a choice kept between steps is made again when the context has
+moved by :data:`~specdec_kernels.decoding.budget.CONTEXT_STEP` rows.
 
 **A drafter's own network** (``runner.linears(module)``, a factory of contexts). A drafter that
 runs a network of its own (EAGLE's draft layer) gets the factory once in :meth:`Drafter.bind`
@@ -224,6 +229,19 @@ class DecodeState:
     @property
     def starts(self) -> list:
         return self.cache.host_lens
+
+    @property
+    def context_lengths(self) -> list:
+        """Cached rows of each request: what the coming step's attention reads besides the
+        block (a step's cost grows with it, :class:`~specdec_kernels.decoding.cost.StepCost`)."""
+        return self.cache.host_lens
+
+    @property
+    def context_length(self) -> float:
+        """The batch's mean :attr:`context_lengths`: the context at which a block the batch
+        shares is costed (its attention reads ``sum(context_lengths)`` keys per block row)."""
+        lengths = self.cache.host_lens
+        return sum(lengths) / max(len(lengths), 1)
 
 
 @dataclass

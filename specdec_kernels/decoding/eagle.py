@@ -291,10 +291,7 @@ class EagleDrafter(Drafter):
         if runner.model.get_output_embeddings().weight is embed:
             target += embed.numel()  # tied: the LM head reads the embedding matrix again
         self._forward_fraction = own / max(target - embed.numel(), 1)
-        self._prior_step_ms = self.budget.step_cost(1)
-        # Verification cost of one more drafted node, on average over the largest tree.
-        self._node_ms = max(self.budget.step_cost(1 + self.max_nodes) - self._prior_step_ms,
-                            0.0) / self.max_nodes
+        self._price_nodes(None)
         self.device = runner.device
         self._linears = runner.linears(draft)
         # The draft's forward pieces: the same bits in fewer calls where they fit.
@@ -431,8 +428,16 @@ class EagleDrafter(Drafter):
         with self._linears():  # the draft network on the target's kernels
             return self._propose(state)
 
+    def _price_nodes(self, context: float | None) -> None:
+        """A one-token step's cost, and the verification cost of one more drafted node on
+        average over the largest tree, after ``context`` cached rows."""
+        self._prior_step_ms = self.budget.step_cost(1, context)
+        self._node_ms = max(self.budget.step_cost(1 + self.max_nodes, context)
+                            - self._prior_step_ms, 0.0) / self.max_nodes
+
     def _propose(self, state: DecodeState) -> TreeProposal:
         t_start = time.perf_counter()
+        self._price_nodes(state.context_length)
         draft, device, k = self.draft, self.device, self.top_k
         batch = state.batch
         sampling = not state.greedy
@@ -579,7 +584,7 @@ class EagleDrafter(Drafter):
             trees.append((par, probs))
             labels.append(label)
         self.budget.overhead_ms = self._propose_ms or 0.0
-        kept, _, _ = self.budget.choose(trees)
+        kept, _, _ = self.budget.choose(trees, state.context_length)
         width = max(len(k) for k in kept)
         out_tokens = torch.zeros(batch, width, dtype=torch.int64)
         out_parents = torch.full((batch, width), -2, dtype=torch.int64)

@@ -270,9 +270,7 @@ class MultiDrafter(Drafter):
         self._emitted = 0
         self._pauses = {n: ProphetPause() for n, d in zip(self.names, self.drafters) if d.pausable}
         self._proposed = {}  # prophet -> seconds its propose took this step
-        # A draft accepted in a request of a batch saves that request 1/B of a batch step.
-        self._token_ms = (self.budget.step_cost(state.batch) / state.batch
-                          if self.budget is not None else 0.0)
+        self._token_ms = 0.0  # what an accepted draft saved, priced each step
 
     def propose(self, state: DecodeState) -> TreeProposal:
         batch = state.batch
@@ -296,9 +294,12 @@ class MultiDrafter(Drafter):
                 nodes = {w for w in where[1:] if w > 0}
                 maps[b][name] = nodes
                 self._totals[name]["proposed"] += len(nodes)
+        context = state.context_length
         tokens, parents, kept, depths = budgeted_trees(
-            candidates, self.stats, self.budget, state.remaining
+            candidates, self.stats, self.budget, state.remaining, context
         )
+        # A draft accepted in a request of a batch saves that request 1/B of a batch step.
+        self._token_ms = self.budget.step_cost(batch, context) / batch
         for b, nodes in enumerate(kept):
             for node in nodes[1:]:
                 for name in candidates[b].sources[node]:

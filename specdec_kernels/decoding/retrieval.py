@@ -183,7 +183,7 @@ class RetrievalDrafter(Drafter):
         candidates = self.candidates(state)
         if self.use_budget:
             tokens, parents, _, depths = budgeted_trees(
-                candidates, self.stats, self.budget, state.remaining
+                candidates, self.stats, self.budget, state.remaining, state.context_length
             )
         else:
             everything = TreeBudget(self.budget.step_cost, max_nodes=self.max_nodes)
@@ -215,5 +215,5 @@ class _Free:
 
     source = "free"
 
-    def __call__(self, width: float) -> float:
+    def __call__(self, width: float, context: float | None = None) -> float:
         return 1.0 / (1.0 + width)

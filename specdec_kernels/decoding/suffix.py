@@ -266,8 +266,9 @@ class SuffixDrafter(Drafter):
     def propose(self, state: DecodeState) -> TreeProposal:
         candidates = self.candidates(state)
         if self.use_budget:
-            trees = [_as_tree(cand, budgeted_trees([cand], stats, self.budget, [left])[2][0])
-                     for cand, stats, left in zip(candidates, self._stats, state.remaining)]
+            trees = [_as_tree(cand, budgeted_trees([cand], stats, self.budget, [left], context)[2][0])
+                     for cand, stats, left, context in zip(candidates, self._stats,
+                                                           state.remaining, state.context_lengths)]
         else:
             trees = [_as_tree(cand, _likeliest(request.probs, cand, self.max_nodes))
                      for cand, request in zip(candidates, self._requests)]

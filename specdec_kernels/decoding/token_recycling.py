@@ -68,7 +68,7 @@ from specdec_kernels.decoding.drafter import (
     TreeProposal,
     check_size,
 )
-from specdec_kernels.decoding.budget import choose_tree
+from specdec_kernels.decoding.budget import CONTEXT_STEP, choose_tree
 
 __all__ = ["MAX_SUCCESSORS", "PAIR_SLOTS", "RANK_PRIORS", "SuccessorTable",
            "TokenRecyclingDrafter", "prompt_successors"]
@@ -355,32 +355,34 @@ class TokenRecyclingDrafter(Drafter):
     def _new_stats(self) -> AcceptanceStats:
         return _RankPriorStats(max_depth=self.max_depth, max_rank=self.k - 1)
 
-    def template(self, stats: AcceptanceStats, remaining: int):
+    def template(self, stats: AcceptanceStats, remaining: int, context: float | None = None):
         """A request's rank-path tree (a :class:`~specdec_kernels.tree.Tree` with ranks) from
-        its acceptance so far: cost-optimal, or the ``max_nodes`` likeliest nodes."""
+        its acceptance so far: cost-optimal after ``context`` cached rows, or the
+        ``max_nodes`` likeliest nodes."""
         depth = self._depth_limit(remaining)
         rates = [[stats.rate(self.name, d, r) for r in range(self.k)] for d in range(1, depth + 1)]
         cost = self.step_cost if self.use_budget else _FLAT
-        tree, _, _ = choose_tree(rates, cost, max_nodes=self.max_nodes)
+        tree, _, _ = choose_tree(rates, cost, max_nodes=self.max_nodes, context=context)
         return tree
 
     def _depth_limit(self, remaining: int) -> int:
         """The deepest node a request with ``remaining`` tokens to go may draft."""
         return min(self.max_depth, max(remaining - 1, 0))
 
-    def _template_of(self, b: int, remaining: int):
+    def _template_of(self, b: int, remaining: int, context: int):
         """Request ``b``'s template, chosen again only when its statistics or its depth limit
-        moved since the last choice (each choice is ~1 ms of Python, a tenth of a decoding step
-        at a GGUF file's precision)."""
+        moved since the last choice, or its context by :data:`CONTEXT_STEP` rows (each choice
+        is ~1 ms of Python, a tenth of a decoding step at a GGUF file's precision)."""
         stats = self._stats[b]
-        key = (stats.records, self._depth_limit(remaining))
+        key = (stats.records, self._depth_limit(remaining), context // CONTEXT_STEP)
         cached = self._templates[b]
         if cached is None or cached[0] != key:
-            cached = self._templates[b] = (key, self.template(stats, remaining))
+            cached = self._templates[b] = (key, self.template(stats, remaining, context))
         return cached[1]
 
     def propose(self, state: DecodeState) -> TreeProposal:
-        trees = [self._template_of(b, left) for b, left in enumerate(state.remaining)]
+        trees = [self._template_of(b, left, context) for b, (left, context)
+                 in enumerate(zip(state.remaining, state.context_lengths))]
         width = max(len(t) for t in trees)
         parents = [t.parents + [-2] * (width - len(t)) for t in trees]
         ranks = [[max(r, 0) for r in t.ranks] + [0] * (width - len(t)) for t in trees]
