@@ -221,11 +221,11 @@ def test_the_draft_cost_is_measured_once_per_machine(target, make, monkeypatch, 
 
     def fake_target(runner, **kwargs):
         measured.append(("target", runner.num_layers))
-        return {256: {1: 10.0, 128: 10.0}}
+        return {256: {1: 10.0, 128: 10.0}, 2048: {1: 20.0, 128: 20.0}}
 
     def fake_draft(target, draft, exit_layer=None, **kwargs):
         measured.append(("draft", draft.num_layers, exit_layer))
-        return {1: 0.2, 32: 0.4}
+        return {256: {1: 0.2, 32: 0.4}, 2048: {1: 0.5, 32: 0.6}}
 
     monkeypatch.setattr(calibration, "measure_step_cost", fake_target)
     monkeypatch.setattr(calibration, "measure_draft_cost", fake_draft)
@@ -234,7 +234,10 @@ def test_the_draft_cost_is_measured_once_per_machine(target, make, monkeypatch, 
         out = generate(target, PROMPTS[:2], drafter=drafter, max_new_tokens=12, eos_token_id=[])
         assert out.tokens == plain(target, PROMPTS[:2], 12)
         assert "budget" in out.stats.drafter_report
-        assert drafter._costs[1](1) == pytest.approx(0.2 * 10.0)  # in target tokens
+        draft_cost = drafter._costs[1]  # in target tokens after as many cached tokens
+        assert draft_cost(1) == pytest.approx(0.2 * 10.0)
+        assert draft_cost(1, 2048) == pytest.approx(0.5 * 20.0)
+        assert draft_cost(1, 1152) == pytest.approx((2.0 + 10.0) / 2)
     assert measured[0] == ("target", 4) and len(measured) == 2  # each once
     assert measured[1] in {("draft", 4, 3), ("draft", 2, None)}
 
@@ -246,9 +249,11 @@ def test_draft_cost_is_a_ratio_to_a_target_token_and_an_exit_layer_has_its_own_k
     try:
         assert "exit_layer" not in calibration.step_cost_key(runner)
         assert calibration.step_cost_key(runner, 3)["exit_layer"] == 3
-        ratio = calibration.measure_draft_cost(runner, runner, exit_layer=1, widths=(1, 5),
-                                               prefix=5, rounds=1)
-        assert list(ratio) == [1, 5] and 0 < ratio[1] <= ratio[5]
+        ratios = calibration.measure_draft_cost(runner, runner, exit_layer=1, widths=(1, 5),
+                                                prefixes=(9, 5), rounds=1)
+        assert list(ratios) == [5, 9]
+        for ratio in ratios.values():
+            assert list(ratio) == [1, 5] and 0 < ratio[1] <= ratio[5]
     finally:
         runner.release()
 
@@ -278,15 +283,15 @@ def test_recalibrating_the_target_remeasures_its_drafts(target, monkeypatch, tmp
     monkeypatch.setenv("SPECDEC_STEP_COST", "machine")
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibration, "measure_step_cost", lambda runner, **k: {256: {1: 10.0, 64: 20.0}})
-    ratios = iter([{1: 0.3}, {1: 0.6}])
+    ratios = iter([{256: {1: 0.3}}, {256: {1: 0.6}}])
     monkeypatch.setattr(calibration, "measure_draft_cost", lambda *a, **k: next(ratios))
     runner, other = ModelRunner(target), ModelRunner(tiny_model("llama", vocab=48, layers=2))
     try:
-        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.3}
+        assert calibration.machine_draft_cost(runner, runner, 2) == {256: {1: 0.3}}
         machine_cache.store("draft_cost", {"target": calibration.step_cost_key(other)}, {"ratio": {"1": 0.9}})
-        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.3}  # cached
+        assert calibration.machine_draft_cost(runner, runner, 2) == {256: {1: 0.3}}  # cached
         calibration.calibrate(runner)
-        assert calibration.machine_draft_cost(runner, runner, 2) == {1: 0.6}  # measured again
+        assert calibration.machine_draft_cost(runner, runner, 2) == {256: {1: 0.6}}  # measured again
         kept = machine_cache.lookup("draft_cost", {"target": calibration.step_cost_key(other)})
         assert kept == {"ratio": {"1": 0.9}}
     finally:

@@ -114,6 +114,15 @@ def test_a_static_template_and_a_chain_shrink_as_the_context_grows():
     assert budget.context == 256
 
 
+def test_a_draft_that_costs_more_at_a_long_context_drafts_less_there():
+    """The target's curve alone the same at every context: only the draft's grows."""
+    target = StepCost({1: 10.0, 16: 10.0})
+    draft = StepCost.by_context({256: {1: 1.0}, 2048: {1: 6.0}})
+    budget = ChainBudget(target, draft, first_draft_prior=0.8)
+    assert budget.cost(3, 2048) == pytest.approx(10.0 + 3 * 6.0)
+    assert budget.length(12, 2048) < budget.length(12, 256)
+
+
 class RecordedWidths:
     """Wraps a drafter's propose: each step's context and tree width."""
 

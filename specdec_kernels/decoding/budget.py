@@ -314,7 +314,7 @@ class ChainBudget:
     A chain of ``K`` drafts is expected to emit ``E(K) = 1 + sum_{i <= K} prod_{j <= i} a_j``
     tokens, ``a_j`` the acceptance of depth ``j`` when depth ``j - 1`` was accepted, and to
     cost ``c_t(K + 1) + K c_d(1)``: the target verifies ``K + 1`` rows, the draft runs ``K``
-    forwards, ``c_t`` at the step's context. The length kept maximises ``E(K) / cost(K)`` over
+    forwards, both at the step's context. The length kept maximises ``E(K) / cost(K)`` over
     ``1 .. cap``. ``a_j`` is the
     posterior mean of what depth ``j`` measured under a prior of :data:`DEPTH_PRIOR_WEIGHT`
     observations at ``a_{j-1}`` (``a_1``'s prior is ``first_draft_prior``, one observation): a
@@ -360,7 +360,7 @@ class ChainBudget:
     def cost(self, length: int, context: float | None = None) -> float:
         """Modelled cost of a step that drafts ``length`` tokens after ``context`` cached
         rows (``None``: the curve's shortest measured context)."""
-        drafting = 0.0 if self.draft_cost is None else length * self.draft_cost(1)
+        drafting = 0.0 if self.draft_cost is None else length * self.draft_cost(1, context)
         return self.target_cost(length + 1, context) + drafting
 
     def rates(self, length: int) -> list:

@@ -12,9 +12,9 @@ user's own model after a cached prefix, kept per machine and model
 measures again (:func:`calibrate`).
 
 A chain drafter also needs what one of its draft forwards costs: that is measured as a ratio to
-a target token, interleaved with the target's forwards (:func:`measure_draft_cost`), and
-cached the same way (after the short prefix only: a one-token forward's cost hardly moves with
-the context, 19.4 against 19.6 ms at 256 and 2048 cached tokens on the development CPU).
+a target token after the same prefixes, interleaved with the target's forwards
+(:func:`measure_draft_cost`), and cached the same way (a draft reads as many keys as the
+target: the int4 copy of the default model pays the same attention as its float32 target).
 
 ``SPECDEC_STEP_COST=shipped`` uses the curve the package ships (measured on its development
 CPU for the default model's shape) instead, as the tests do (their tree sizes must not depend on
@@ -62,7 +62,7 @@ DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)
 #: 2048 cost 2.6x one after 256 beyond c(1) on the development CPU (2026-12-04); between and
 #: past them the cost is taken linear in the context (:class:`StepCost`).
 PREFIXES = (256, 2048)
-#: The short one: where a draft forward's cost is measured.
+#: The short one.
 PREFIX = PREFIXES[0]
 _KIND = "step_cost"
 _DRAFT_KIND = "draft_cost"
@@ -114,13 +114,15 @@ def _non_decreasing(curve: dict) -> dict:
     return out
 
 
-def measured_prefixes(runner, prefixes=PREFIXES, widths=WIDTHS) -> list:
-    """The prefixes that fit the model's positions with the widest block after them (a longer
-    one is cut to what fits), without repeats."""
-    limit = getattr(runner.config, "max_position_embeddings", None)
-    if limit is None:
+def measured_prefixes(runners, prefixes=PREFIXES, widths=WIDTHS) -> list:
+    """The prefixes that fit the positions of ``runners`` (one runner or several) with the
+    widest block after them (a longer one is cut to what fits), without repeats."""
+    runners = runners if isinstance(runners, (list, tuple)) else [runners]
+    limits = [getattr(r.config, "max_position_embeddings", None) for r in runners]
+    limits = [int(limit) for limit in limits if limit is not None]
+    if not limits:
         return sorted(set(prefixes))
-    room = max(int(limit) - max(widths), 1)
+    room = max(min(limits) - max(widths), 1)
     return sorted({min(int(p), room) for p in prefixes})
 
 
@@ -157,9 +159,10 @@ def measure_step_cost(runner, *, widths=WIDTHS, prefixes=PREFIXES, rounds: int =
 
 @torch.inference_mode()
 def measure_draft_cost(target, draft, *, exit_layer: int | None = None, widths=DRAFT_WIDTHS,
-                       prefix: int = PREFIX, rounds: int = 5) -> dict:
-    """``{T: r}``: one forward of the draft over ``T`` tokens, in units of one forward of the
-    target over one token, both after ``prefix`` cached tokens and interleaved round by round.
+                       prefixes=PREFIXES, rounds: int = 5) -> dict:
+    """``{prefix: {T: r}}``: one forward of the draft over ``T`` tokens, in units of one
+    forward of the target over one token, both after ``prefix`` cached tokens, everything
+    interleaved round by round.
 
     A ratio taken within one run: the draft's and the target's costs measured minutes apart
     on a shared host can differ by half from its drift alone (seen on the development CPU,
@@ -172,24 +175,27 @@ def measure_draft_cost(target, draft, *, exit_layer: int | None = None, widths=D
         The draft's runner (the target's own, with ``exit_layer``, for a layer-skip draft).
     exit_layer : int, optional
         The draft's forward leaves after this many decoder layers.
-    widths, rounds
-        As in :func:`measure_step_cost`.
-    prefix : int
-        Cached tokens before the measured blocks.
+    widths, prefixes, rounds
+        As in :func:`measure_step_cost` (the prefixes cut to both models' positions).
 
     Returns
     -------
     dict
-        ``{T: draft ms / target ms at T = 1}``, non-decreasing.
+        ``{prefix: {T: draft ms / target ms at T = 1}}``, each non-decreasing.
     """
     widths = sorted(int(t) for t in widths)
     gen = torch.Generator().manual_seed(0)
-    calls = {("draft", t): call for t, call in
-             _forward_block(draft, widths, prefix, gen, exit_layer).items()}
-    calls["target"] = _forward_block(target, (1,), prefix, gen)[1]
+    calls = {}
+    for prefix in measured_prefixes([target, draft], prefixes, widths):
+        for t, call in _forward_block(draft, widths, prefix, gen, exit_layer).items():
+            calls[("draft", prefix, t)] = call
+        calls[("target", prefix, 1)] = _forward_block(target, (1,), prefix, gen)[1]
     times = _median_ms(calls, target.device, rounds)
-    unit = times.pop("target")
-    return _non_decreasing({t: ms / unit for (_, t), ms in times.items()})
+    ratios: dict = {}
+    for (who, prefix, t), ms in times.items():
+        if who == "draft":
+            ratios.setdefault(prefix, {})[t] = ms / times[("target", prefix, 1)]
+    return {prefix: _non_decreasing(curve) for prefix, curve in ratios.items()}
 
 
 def weight_formats(model) -> list:
@@ -300,16 +306,18 @@ def machine_draft_cost(target, draft, exit_layer: int | None = None) -> dict | N
     Returns
     -------
     dict or None
-        ``{T: ratio}``.
+        ``{prefix: {T: ratio}}``.
     """
     if uses_shipped_curve():
         return None
     key = {"target": step_cost_key(target), "draft": step_cost_key(draft, exit_layer),
-           "widths": list(DRAFT_WIDTHS)}
+           "widths": list(DRAFT_WIDTHS), "prefixes": list(PREFIXES)}
     found = machine_cache.lookup(_DRAFT_KIND, key)
     if found is None:
         print(f"specdec: measuring this machine's draft cost against the target (once; kept "
               f"in {machine_cache.cache_file()})", file=sys.stderr)
-        found = {"ratio": measure_draft_cost(target, draft, exit_layer=exit_layer)}
+        measured = measure_draft_cost(target, draft, exit_layer=exit_layer)
+        found = {"ratio_by_prefix": {str(p): {str(t): r for t, r in c.items()}
+                                     for p, c in measured.items()}}
         machine_cache.store(_DRAFT_KIND, key, found)
-    return {int(t): r for t, r in found["ratio"].items()}
+    return {int(p): {int(t): r for t, r in c.items()} for p, c in found["ratio_by_prefix"].items()}

@@ -144,11 +144,12 @@ class AutoregressiveDrafter(Drafter):
             if self.draft_cost_curve is not None:
                 draft = StepCost.load(self.draft_cost_curve)
             else:
-                ratio = self._draft_cost(runner)
-                if ratio is None:
+                ratios = self._draft_cost(runner)
+                if ratios is None:
                     return None
-                draft = StepCost({t: r * target(1) for t, r in ratio.items()},
-                                 source="measured here, against the target")
+                draft = StepCost.by_context(
+                    {p: {t: r * target(1, p) for t, r in curve.items()} for p, curve in ratios.items()},
+                    source="measured here, against the target")
             self._costs = (target, draft)
         return self._costs
 
@@ -164,8 +165,9 @@ class AutoregressiveDrafter(Drafter):
         raise NotImplementedError
 
     def _draft_cost(self, runner) -> dict | None:
-        """``{T: r}``: one draft forward over ``T`` rows costs ``r`` target tokens on this
-        machine (``runner`` is the target's;
+        """``{prefix: {T: r}}``: one draft forward over ``T`` rows after ``prefix`` cached
+        tokens costs ``r`` target tokens after as many on this machine (``runner`` is the
+        target's;
         :func:`~specdec_kernels.decoding.calibration.machine_draft_cost`)."""
         raise NotImplementedError
 
