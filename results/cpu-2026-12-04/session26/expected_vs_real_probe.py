@@ -1,0 +1,52 @@
+"""Is the budget's acceptance model calibrated? For each step of a real decode, the expected
+tokens of the kept tree (TreeBudget.choose) against the tokens the step emitted, summed by
+kept size. PYTHONPATH=. python3 .../expected_vs_real_probe.py WEIGHTS PROMPTS DRAFTER CURVE [COUNT] [NEW]
+PROMPTS: short or notesN (as context_cost_ab.py); CURVE: p256 or context."""
+import json, sys
+import torch
+from bench.tuning_prompts import tuning_prompts
+from specdec_kernels.decoding import ModelRunner, generate, make_drafter
+from specdec_kernels.decoding import budget as budget_mod
+from specdec_kernels.decoding.cost import StepCost
+from specdec_kernels.models import encode_prompts, load_default_model
+from specdec_kernels.training.prompts import first_stage_prompts
+
+weights, kind, drafter, which = sys.argv[1:5]
+count = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+new = int(sys.argv[6]) if len(sys.argv) > 6 else 96
+loaded = load_default_model(dtype=torch.float32, weights=weights)
+tok = loaded.tokenizer
+if kind == "short":
+    prompts = tuning_prompts(loaded, count=max(count // 3, 1))[:count]
+else:
+    notes = int(kind.removeprefix("notes"))
+    requests = first_stage_prompts(24, seed=311)
+    answers = [tok.decode(generate(loaded, encode_prompts(tok, [r]), max_new_tokens=96).tokens[0],
+                          skip_special_tokens=True) for r in requests]
+    asks = ["Summarize the notes above in a few sentences.", "List the main topics of the notes above."]
+    prompts = encode_prompts(tok, ["Notes:\n\n" + "\n\n".join(answers[(i + j) % 24] for j in range(notes))
+                                   + "\n\n" + asks[i % 2] for i in range(count)])
+r = ModelRunner(loaded.model); curve = r.step_cost(); r.release()
+cost = curve if which == "context" else StepCost(dict(curve.points))
+expected = []
+orig = budget_mod.TreeBudget.choose
+def spy(self, trees, context=None):
+    kept, exp, c = orig(self, trees, context)
+    expected.append((id(self), len(kept[0]), exp))
+    return kept, exp, c
+budget_mod.TreeBudget.choose = spy
+by_size = {}
+for p in prompts:
+    expected.clear()
+    d = make_drafter(drafter, cost_curve=cost)
+    o = generate(loaded, [p], drafter=d, max_new_tokens=new)
+    mine = [(k, x) for who, k, x in expected if who == id(d.budget)]  # the drafter's own choice
+    req = o.stats.requests[0]
+    # tokens per step are not kept per step: compare per prompt
+    steps = req.target_forwards
+    emitted = o.stats.new_tokens
+    assert len(mine) == steps, (len(mine), steps)
+    e = sum(x for _, x in mine)
+    by_size.setdefault("prompts", []).append({"steps": steps, "emitted": emitted,
+                                              "expected": round(e, 1), "mean kept": round(sum(s for s, _ in mine) / steps, 2)})
+print(json.dumps({"weights": weights, "prompts": kind, "drafter": drafter, "curve": which, **by_size}))
