@@ -7,7 +7,7 @@ short and a long cached prefix, :data:`PREFIXES`; the drafters ask for the cost 
 context), so it is measured where the package runs: the first time
 a drafter asks (:meth:`ModelRunner.step_cost
 <specdec_kernels.decoding.runner.ModelRunner.step_cost>`), a few seconds of forwards of the
-user's own model after a cached prefix, kept per machine and model
+user's own model after each of two cached prefixes, kept per machine and model
 (:mod:`~specdec_kernels.decoding.machine_cache`), so later runs read it. ``specdec calibrate``
 measures again (:func:`calibrate`).
 
@@ -37,7 +37,6 @@ from specdec_kernels.models.quantized_weight import QuantizedWeight
 
 __all__ = [
     "DRAFT_WIDTHS",
-    "PREFIX",
     "PREFIXES",
     "WIDTHS",
     "calibrate",
@@ -58,12 +57,11 @@ WIDTHS = (1, 2, 4, 6, 8, 12, 16, 32, 64, 128)
 #: each, measured as one request's block of that width, as the target's curve is).
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)
 #: Cached tokens before the measured block: a short conversation's worth, and a long
-#: prompt's (summaries and retrieval-augmented prompts run 1-3k tokens). A block of 16 after
-#: 2048 cost 2.6x one after 256 beyond c(1) on the development CPU (2026-12-04); between and
-#: past them the cost is taken linear in the context (:class:`StepCost`).
+#: prompt's (summaries and retrieval-augmented prompts run 1-3k tokens). The float32 default
+#: model's c(16) is 28.5 ms after 256 and 48.2 ms after 2048 on the development Zen 4
+#: (2026-12-04); between and past them the cost is taken linear in the context
+#: (:class:`StepCost`).
 PREFIXES = (256, 2048)
-#: The short one.
-PREFIX = PREFIXES[0]
 _KIND = "step_cost"
 _DRAFT_KIND = "draft_cost"
 _ENV = "SPECDEC_STEP_COST"
