@@ -369,7 +369,7 @@ class CheckedRecycling(TokenRecyclingDrafter):
         return super().template(stats, remaining, context)
 
     def propose(self, state):
-        for b, (left, context) in enumerate(zip(state.remaining, state.context_lengths)):
+        for b, (left, context) in enumerate(zip(state.remaining, state.starts)):
             kept = self._template_of(b, left, context)
             fresh = TokenRecyclingDrafter.template(self, self._stats[b], left, context)
             assert (kept.parents, kept.ranks) == (fresh.parents, fresh.ranks), (b, left)

@@ -442,8 +442,8 @@ class ChainBudgets:
 
     def lengths(self, caps: list, contexts: list | None = None) -> list:
         """Each running request's drafts this step, within its cap, costed at its context
-        (``contexts``: cached rows per request, :attr:`DecodeState.context_lengths
-        <specdec_kernels.decoding.drafter.DecodeState.context_lengths>`)."""
+        (``contexts``: cached rows per request, :attr:`DecodeState.starts
+        <specdec_kernels.decoding.drafter.DecodeState.starts>`)."""
         contexts = [None] * len(caps) if contexts is None else contexts
         return [budget.length(cap, context)
                 for budget, cap, context in zip(self.running, caps, contexts)]

@@ -193,7 +193,7 @@ class AutoregressiveDrafter(Drafter):
         # may cut its own chain (so a request's random stream does not depend on its batch).
         caps = [max(0, min(self._k, r - 1)) for r in state.remaining]
         if self._budgets is not None:
-            caps = self._budgets.lengths(caps, state.context_lengths)
+            caps = self._budgets.lengths(caps, state.starts)
         k = max(caps)
         if k <= 0:
             self._drafted = 0

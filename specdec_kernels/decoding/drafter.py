@@ -76,7 +76,7 @@ drafting does not pay, one budget per request
 drafter only says what its draft forward is, ``_draft_cost``), and Jacobi's and blockwise
 decoding's guesses with no draft cost at all. The cost of a step grows with the context its
 attention reads, so every choice is made at the step's: ``state.context_length`` (the batch's
-mean, for a block the batch shares) or ``state.context_lengths`` (per request, for a
+mean, for a block the batch shares) or ``state.starts`` (per request, for a
 request's own budget), passed to ``TreeBudget.choose``, ``budgeted_trees``, ``choose_tree``
 and ``ChainBudgets.lengths``; a choice kept between steps is made again when the context has
 moved by :data:`~specdec_kernels.decoding.budget.CONTEXT_STEP` rows.
@@ -228,18 +228,15 @@ class DecodeState:
 
     @property
     def starts(self) -> list:
-        return self.cache.host_lens
-
-    @property
-    def context_lengths(self) -> list:
-        """Cached rows of each request: what the coming step's attention reads besides the
-        block (a step's cost grows with it, :class:`~specdec_kernels.decoding.cost.StepCost`)."""
+        """Committed rows of each request: where the step's block starts, and the context its
+        attention reads besides the block (a step's cost grows with it,
+        :class:`~specdec_kernels.decoding.cost.StepCost`)."""
         return self.cache.host_lens
 
     @property
     def context_length(self) -> float:
-        """The batch's mean :attr:`context_lengths`: the context at which a block the batch
-        shares is costed (its attention reads ``sum(context_lengths)`` keys per block row)."""
+        """The batch's mean :attr:`starts`: the context at which a block the batch shares is
+        costed (its attention reads ``sum(starts)`` keys per block row)."""
         lengths = self.cache.host_lens
         return sum(lengths) / max(len(lengths), 1)
 

@@ -365,7 +365,7 @@ class JacobiDrafter(Drafter):
         # Each request's budget may cut its own chain (its output never depends on its batch).
         self._depths = [max(0, min(self.num_guesses, r - 1)) for r in state.remaining]
         if self._budgets is not None:
-            self._depths = self._budgets.lengths(self._depths, state.context_lengths)
+            self._depths = self._budgets.lengths(self._depths, state.starts)
         k = max(self._depths)
         guesses = [g[:k] for g in self._guesses]
         tokens = torch.tensor(guesses, dtype=torch.int64).reshape(state.batch, k)

@@ -365,7 +365,7 @@ class BlockwiseDrafter(_HeadsDrafter):
     def propose(self, state: DecodeState) -> ChainProposal:
         depths = [min(self.tree.depth, max(r - 1, 0)) for r in state.remaining]
         if self._budgets is not None:
-            depths = self._budgets.lengths(depths, state.context_lengths)
+            depths = self._budgets.lengths(depths, state.starts)
         self._chain_depths = depths
         k = max(depths)
         if k == 0:  # no request drafts: the heads do not run

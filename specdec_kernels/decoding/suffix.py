@@ -268,7 +268,7 @@ class SuffixDrafter(Drafter):
         if self.use_budget:
             trees = [_as_tree(cand, budgeted_trees([cand], stats, self.budget, [left], context)[2][0])
                      for cand, stats, left, context in zip(candidates, self._stats,
-                                                           state.remaining, state.context_lengths)]
+                                                           state.remaining, state.starts)]
         else:
             trees = [_as_tree(cand, _likeliest(request.probs, cand, self.max_nodes))
                      for cand, request in zip(candidates, self._requests)]

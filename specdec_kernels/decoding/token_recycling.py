@@ -382,7 +382,7 @@ class TokenRecyclingDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> TreeProposal:
         trees = [self._template_of(b, left, context) for b, (left, context)
-                 in enumerate(zip(state.remaining, state.context_lengths))]
+                 in enumerate(zip(state.remaining, state.starts))]
         width = max(len(t) for t in trees)
         parents = [t.parents + [-2] * (width - len(t)) for t in trees]
         ranks = [[max(r, 0) for r in t.ranks] + [0] * (width - len(t)) for t in trees]

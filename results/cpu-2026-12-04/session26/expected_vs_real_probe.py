@@ -2,30 +2,23 @@
 tokens of the kept tree (TreeBudget.choose) against the tokens the step emitted, summed by
 kept size. PYTHONPATH=. python3 .../expected_vs_real_probe.py WEIGHTS PROMPTS DRAFTER CURVE [COUNT] [NEW]
 PROMPTS: short or notesN (as context_cost_ab.py); CURVE: p256 or context."""
-import json, sys
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ab_lib import prompts_for
+import json
 import torch
-from bench.tuning_prompts import tuning_prompts
 from specdec_kernels.decoding import ModelRunner, generate, make_drafter
 from specdec_kernels.decoding import budget as budget_mod
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.models import encode_prompts, load_default_model
-from specdec_kernels.training.prompts import first_stage_prompts
+from specdec_kernels.models import load_default_model
 
 weights, kind, drafter, which = sys.argv[1:5]
 count = int(sys.argv[5]) if len(sys.argv) > 5 else 3
 new = int(sys.argv[6]) if len(sys.argv) > 6 else 96
 loaded = load_default_model(dtype=torch.float32, weights=weights)
-tok = loaded.tokenizer
-if kind == "short":
-    prompts = tuning_prompts(loaded, count=max(count // 3, 1))[:count]
-else:
-    notes = int(kind.removeprefix("notes"))
-    requests = first_stage_prompts(24, seed=311)
-    answers = [tok.decode(generate(loaded, encode_prompts(tok, [r]), max_new_tokens=96).tokens[0],
-                          skip_special_tokens=True) for r in requests]
-    asks = ["Summarize the notes above in a few sentences.", "List the main topics of the notes above."]
-    prompts = encode_prompts(tok, ["Notes:\n\n" + "\n\n".join(answers[(i + j) % 24] for j in range(notes))
-                                   + "\n\n" + asks[i % 2] for i in range(count)])
+prompts = prompts_for(loaded, kind, count)
 r = ModelRunner(loaded.model); curve = r.step_cost(); r.release()
 cost = curve if which == "context" else StepCost(dict(curve.points))
 expected = []
