@@ -72,9 +72,9 @@ struct PanelRows {
   std::vector<int32_t> isum, half_isum;
 };
 
-// x's rows with room for their quantized blocks (filled by quantize_blocks).
-inline PanelRows empty_rows(int64_t rows, int64_t K) {
-  PanelRows out;
+// Gives `out` room for `rows` quantized rows of K (filled by quantize_blocks), keeping the
+// storage it has: one PanelRows serves every linear of a forward without reallocating.
+inline void resize_rows(PanelRows& out, int64_t rows, int64_t K) {
   out.rows = rows;
   out.K = K;
   out.blocks = K / kBlock;
@@ -83,6 +83,12 @@ inline PanelRows empty_rows(int64_t rows, int64_t K) {
   out.sum.resize(rows * out.blocks);
   out.isum.resize(rows * out.blocks);
   out.half_isum.resize(2 * rows * out.blocks);
+}
+
+// x's rows with room for their quantized blocks (filled by quantize_blocks).
+inline PanelRows empty_rows(int64_t rows, int64_t K) {
+  PanelRows out;
+  resize_rows(out, rows, K);
   return out;
 }
 

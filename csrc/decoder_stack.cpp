@@ -10,13 +10,22 @@
 // device runs its own kernels of the ops, and fake tensors decompose.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <array>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
+
+#include "cpu_decoder_glue.h"
+#include "cpu_linear.h"
+#include "cpu_panel_linear.h"
+#include "decoder_layer_common.h"
+#include "linear_common.h"
 
 namespace specdec {
 namespace {
@@ -35,6 +44,8 @@ struct Linear {
   at::Tensor weight, scales, mins, bias;  // scales undefined: a float weight
   bool defined() const { return weight.defined(); }
 };
+
+using Layer = std::array<Linear, kLinearsPerLayer>;
 
 at::Tensor quantized_linear(const at::Tensor& x, const Linear& l) {
   static auto op = c10::Dispatcher::singleton()
@@ -107,7 +118,7 @@ Linear linear_at(const c10::List<OptionalTensor>& linears, int64_t layer, int64_
   return Linear{part(0), part(1), part(2), part(3)};
 }
 
-void check_layer(const std::vector<Linear>& l, int64_t layer) {
+void check_layer(const Layer& l, int64_t layer) {
   for (int64_t slot : {kQ, kO, kGate, kDown})
     TORCH_CHECK_VALUE(l[slot].defined(), "decoder_stack_: layer ", layer, "'s linear slot ", slot,
                       " (q or joined qkv, o, gate or joined gate/up, down) has no weight");
@@ -167,6 +178,204 @@ void write_rows(at::Tensor cache, const at::Tensor& states, int64_t start,
   cache.scatter_(2, rows->view({B, 1, T, 1}).expand_as(block), block.to(cache.scalar_type()));
 }
 
+// ------------------------------------------------------------------------ the one-call path
+//
+// Where every linear takes the package's kernels as float32 rows (a float32 weight, or a panel
+// weight: a GGUF file's precision, the quantized-self draft) on CPU, the layers run here without
+// a dispatch per op: the linears and the glue ops' arithmetic on buffers allocated once a call
+// and reused by every layer, the same kernels on the same values, so the same bits as the ops
+// (tested against the ops composed one by one and the Python loop). Only torch's row sums,
+// SiLU and the tree attention are still called as ops. The int4 draft's one-token forward spent
+// ~29% of its calling thread in dispatch and allocation (perf, bench/RESULTS.md 2026-12-04
+// twenty-fifth session).
+
+struct StackShape {
+  int64_t B, T, H, heads, kv_heads, D;
+  int64_t rows() const { return B * T; }
+};
+
+bool is_panel(const Linear& l) { return l.weight.dim() == 3 && l.scales.defined(); }
+
+bool is_float32(const Linear& l) {
+  return l.weight.dim() == 2 && !l.scales.defined() && l.weight.scalar_type() == at::kFloat;
+}
+
+// A CPU tensor with its data: not a fake, functional or Python-subclass tensor, which the
+// composite meets while tracing (opcheck, torch.compile) and must decompose into the ops for.
+bool holds_cpu_data(const at::Tensor& t) {
+  const c10::DispatchKeySet keys = t.key_set();
+  return t.is_cpu() && t.has_storage() && !keys.has(c10::DispatchKey::Python) &&
+         !keys.has(c10::DispatchKey::Functionalize);
+}
+
+bool one_call_applies(const at::Tensor& hidden, const at::Tensor& kv_cache,
+                      const std::vector<Layer>& layers) {
+  if (hidden.scalar_type() != at::kFloat || !holds_cpu_data(hidden) ||
+      !holds_cpu_data(kv_cache) || c10::impl::TorchDispatchModeTLS::any_modes_set())
+    return false;
+  for (const Layer& layer : layers)
+    for (const Linear& l : layer)
+      if (l.defined() && !(holds_cpu_data(l.weight) && (is_panel(l) || is_float32(l))))
+        return false;
+  return true;
+}
+
+// A float32 buffer of rows x width, reused while the width stays (every layer's is the same).
+struct Rows {
+  at::Tensor t;
+  float* ensure(int64_t rows, int64_t width) {
+    if (!t.defined() || t.size(0) != rows || t.size(1) != width)
+      t = at::empty({rows, width}, at::TensorOptions().dtype(at::kFloat));
+    return t.mutable_data_ptr<float>();
+  }
+};
+
+// Runs a layer's linears on float32 rows into reused buffers, as the ops would.
+struct LinearRunner {
+  qpanel::PanelRows quantized;  // x's blocks for panel weights, reused by every linear
+
+  // out [M, N] = input [..., K] (contiguous float32, M rows) by the linear, plus its bias;
+  // `what` names the linear in errors.
+  float* run(const Linear& l, const at::Tensor& input, int64_t M, int64_t N, Rows& out,
+             int64_t layer, const char* what) {
+    const OptionalTensor bias = l.bias.defined() ? OptionalTensor(l.bias) : std::nullopt;
+    const float* x = input.const_data_ptr<float>();
+    if (!is_panel(l)) {
+      const int64_t rows = check_small_batch_linear_args(input, l.weight, bias);
+      check_rows(rows, N, layer, what);
+      float* o = out.ensure(M, N);
+      const at::Tensor b = l.bias.defined() ? l.bias.contiguous() : at::Tensor();
+      run_small_batch_linear(x, M, l.weight, b.defined() ? b.const_data_ptr<float>() : nullptr, o);
+      return o;
+    }
+    const PanelLinear w = panel_linear(l.weight, l.scales,
+                                       l.mins.defined() ? OptionalTensor(l.mins) : std::nullopt,
+                                       input.size(-1));
+    check_rows(w.N, N, layer, what);
+    float* o = out.ensure(M, N);
+    run_panel_linear(w, x, M, o, quantized);
+    if (l.bias.defined()) {  // as quantized_linear adds it: elementwise, the same for every row
+      TORCH_CHECK_VALUE(l.bias.dim() == 1 && l.bias.size(0) == N &&
+                            l.bias.scalar_type() == at::kFloat,
+                        "quantized_linear: bias must be float32 of shape [", N, "], got ",
+                        l.bias.scalar_type(), " ", l.bias.sizes());
+      const at::Tensor b = l.bias.contiguous();
+      const float* pb = b.const_data_ptr<float>();
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) o[m * N + n] += pb[n];
+    }
+    return o;
+  }
+
+  static void check_rows(int64_t rows, int64_t N, int64_t layer, const char* what) {
+    TORCH_CHECK_VALUE(rows == N, "decoder_stack_: layer ", layer, "'s ", what, " weight has ",
+                      rows, " rows, not ", N);
+  }
+};
+
+// Norm i's weight as float32 rows (checked against the hidden states, as the norm ops do).
+const float* norm_weight(const at::TensorList& norms, int64_t i, const at::Tensor& like,
+                         std::vector<at::Tensor>& keep) {
+  check_norm_args(like, norms[i], i == 0 ? "rms_norm" : "add_rms_norm");
+  keep.push_back(norms[i].contiguous());
+  return keep.back().const_data_ptr<float>();
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> one_call_stack_cpu(
+    const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
+    const at::Tensor& kv_cache, int64_t write_start, const OptionalTensor& write_index,
+    const at::Tensor& cache_lens, const at::Tensor& tree_mask, at::TensorList norms,
+    const std::vector<Layer>& layers, const StackShape& s, double scale, double eps,
+    at::IntArrayRef capture) {
+  const int64_t M = s.rows(), H = s.H, D = s.D, L = static_cast<int64_t>(layers.size());
+  const int64_t nq = s.heads * D, nkv = s.kv_heads * D;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const at::Tensor input = hidden.contiguous();
+  at::Tensor x = at::empty({s.B, s.T, H}, f32), h = at::empty({s.B, s.T, H}, f32);
+  at::Tensor squares = at::empty({M, H}, f32), sums = at::empty({M}, f32);
+  // Rotated q and k side by side: the attention reads q's heads, the cache gets k's.
+  const at::Tensor qk = at::empty({s.B, s.T, s.heads + s.kv_heads, D}, f32);
+  const at::Tensor q = qk.narrow(2, 0, s.heads), k = qk.narrow(2, s.heads, s.kv_heads);
+  check_rotary_embedding_args(q, cos, sin);
+  const at::Tensor c = cos.expand({s.B, s.T, D}).contiguous();
+  const at::Tensor sn = sin.expand({s.B, s.T, D}).contiguous();
+  const glue::HeadStrides qk_strides{qk.stride(0), qk.stride(1), qk.stride(2)};
+  auto rotate = [&](const float* src, int64_t width, int64_t heads, int64_t first_head) {
+    glue::rotary_rows(src, glue::HeadStrides{s.T * width, width, D}, c.const_data_ptr<float>(),
+                      sn.const_data_ptr<float>(), qk.mutable_data_ptr<float>() + first_head * D,
+                      qk_strides, s.B, s.T, heads, D);
+  };
+  std::vector<at::Tensor> kept_norms;
+  LinearRunner linear;
+  Rows qkv, q_rows, k_rows, v_rows, o_rows, gate_up, gate_rows, up_rows, gated;
+  at::Tensor act;  // SiLU of the gate, [M, I]
+
+  std::vector<at::Tensor> captured(capture.size());  // in capture's order
+  float* px = x.mutable_data_ptr<float>();
+  float* ph = h.mutable_data_ptr<float>();
+  glue::rms_norm_rows(input.const_data_ptr<float>(), norm_weight(norms, 0, input, kept_norms), px,
+                      M, H, eps, squares, sums);
+  for (int64_t layer = 0; layer < L; ++layer) {
+    const Layer& lin = layers[layer];
+    at::Tensor v;  // [B, T, Hkv, D]
+    auto width = [&](int64_t slot) {  // output columns of a linear
+      const at::Tensor& w = lin[slot].weight;
+      return is_panel(lin[slot]) ? w.size(0) * qpanel::kPanelRows : w.size(0);
+    };
+    if (!lin[kK].defined()) {  // q, k, v joined: one rotary pass over q and k side by side
+      TORCH_CHECK_VALUE(width(kQ) == nq + 2 * nkv, "decoder_stack_: layer ", layer,
+                        "'s joined q/k/v has ", width(kQ), " columns, not (Hq + 2 Hkv) D = ",
+                        nq + 2 * nkv);
+      const float* out = linear.run(lin[kQ], x, M, nq + 2 * nkv, qkv, layer, "q/k/v");
+      rotate(out, nq + 2 * nkv, s.heads + s.kv_heads, 0);
+      v = qkv.t.view({s.B, s.T, -1}).narrow(-1, nq + nkv, nkv).view({s.B, s.T, s.kv_heads, D});
+    } else {
+      TORCH_CHECK_VALUE(width(kQ) == nq && width(kK) == nkv && width(kV) == nkv,
+                        "decoder_stack_: layer ", layer, "'s q/k/v have ", width(kQ), "/",
+                        width(kK), "/", width(kV), " columns, not Hq D = ", nq,
+                        " and Hkv D = ", nkv);
+      rotate(linear.run(lin[kQ], x, M, nq, q_rows, layer, "q"), nq, s.heads, 0);
+      rotate(linear.run(lin[kK], x, M, nkv, k_rows, layer, "k"), nkv, s.kv_heads, s.heads);
+      linear.run(lin[kV], x, M, nkv, v_rows, layer, "v");
+      v = v_rows.t.view({s.B, s.T, s.kv_heads, D});
+    }
+    const at::Tensor layer_kv = kv_cache.select(0, layer);
+    const at::Tensor keys = layer_kv.select(0, 0), values = layer_kv.select(0, 1);
+    write_rows(keys, k, write_start, write_index);
+    write_rows(values, v, write_start, write_index);
+    const at::Tensor attended = tree_attention(q, keys, values, cache_lens, tree_mask, scale)
+                                    .contiguous()
+                                    .view({s.B, s.T, nq});
+    const float* o = linear.run(lin[kO], attended, M, H, o_rows, layer, "o");
+    glue::add_rms_norm_rows(o, layer == 0 ? input.const_data_ptr<float>() : ph,
+                            norm_weight(norms, 1 + 2 * layer, input, kept_norms), ph, px, M, H,
+                            eps, squares, sums);
+    const float* up;
+    int64_t inner;
+    if (!lin[kUp].defined()) {  // gate and up joined: the two halves of one output
+      inner = width(kGate) / 2;
+      const float* both = linear.run(lin[kGate], x, M, 2 * inner, gate_up, layer, "gate/up");
+      float* gate = gate_rows.ensure(M, inner);  // contiguous, as the op makes it for SiLU
+      for (int64_t m = 0; m < M; ++m)
+        std::memcpy(gate + m * inner, both + m * 2 * inner, inner * sizeof(float));
+      up = both + inner;
+    } else {
+      inner = width(kGate);
+      linear.run(lin[kGate], x, M, inner, gate_rows, layer, "gate");
+      up = linear.run(lin[kUp], x, M, inner, up_rows, layer, "up");
+    }
+    if (!act.defined() || act.size(1) != inner) act = at::empty({M, inner}, f32);
+    float* g = gated.ensure(M, inner);
+    glue::silu_mul_rows(gate_rows.t, up, lin[kUp].defined() ? inner : 2 * inner, g, act, M, inner);
+    const float* mlp = linear.run(lin[kDown], gated.t, M, H, o_rows, layer, "down");
+    glue::add_rms_norm_rows(mlp, ph, norm_weight(norms, 2 + 2 * layer, input, kept_norms), ph, px,
+                            M, H, eps, squares, sums);
+    for (size_t i = 0; i < capture.size(); ++i)
+      if (capture[i] == layer) captured[i] = h.clone();
+  }
+  return {x, captured};
+}
+
 std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
     const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin,
     const at::Tensor& kv_cache, int64_t write_start, const OptionalTensor& write_index,
@@ -207,15 +416,23 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> decoder_stack(
     TORCH_CHECK_VALUE(point >= 0 && point < L, "decoder_stack_: capture point ", point,
                       " is not a layer in [0, ", L, ")");
 
+  std::vector<Layer> layers(L);
+  for (int64_t layer = 0; layer < L; ++layer) {
+    for (int64_t slot = 0; slot < kLinearsPerLayer; ++slot)
+      layers[layer][slot] = linear_at(linears, layer, slot);
+    check_layer(layers[layer], layer);
+  }
+  const StackShape shape{B, T, hidden.size(2), num_heads, num_kv_heads, D};
+  if (one_call_applies(hidden, kv_cache, layers))
+    return one_call_stack_cpu(hidden, cos, sin, kv_cache, write_start, write_index, cache_lens,
+                           tree_mask, norms, layers, shape, scale, eps, capture);
+
   const int64_t nq = num_heads * D, nkv = num_kv_heads * D;
   std::vector<at::Tensor> captured(capture.size());  // in capture's order
   at::Tensor h = hidden;
   at::Tensor x = rms_norm(hidden, norms[0], eps);
   for (int64_t layer = 0; layer < L; ++layer) {
-    std::vector<Linear> lin;
-    for (int64_t slot = 0; slot < kLinearsPerLayer; ++slot)
-      lin.push_back(linear_at(linears, layer, slot));
-    check_layer(lin, layer);
+    const Layer& lin = layers[layer];
     at::Tensor q, k, v;
     if (!lin[kK].defined()) {  // q, k, v joined: one rotary pass over q and k side by side
       const at::Tensor joined = apply(lin[kQ], x);

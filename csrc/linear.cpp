@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cpu_dot.h"
+#include "cpu_linear.h"
 #include "linear_common.h"
 
 namespace specdec {
@@ -146,6 +147,18 @@ void linear_rows(const LinearOperands<T>& op, const TileTable& tiles) {
   }
 }
 
+}  // namespace
+
+void run_small_batch_linear(const float* x, int64_t M, const at::Tensor& weight, const float* bias,
+                            float* out) {
+  const at::Tensor w = weight.stride(1) == 1 ? weight : weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1);
+  const LinearOperands<float> op{x, w.const_data_ptr<float>(), bias, out, K, w.stride(0), N, M, N, K};
+  linear_rows(op, dot::tiles_for<float>(simd::max_level()));
+}
+
+namespace {
+
 at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                                   const std::optional<at::Tensor>& bias) {
   const int64_t N = check_small_batch_linear_args(x, weight, bias);
@@ -169,10 +182,9 @@ at::Tensor small_batch_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   at::Tensor out = at::empty(out_sizes, x.options());  // M rows of N: no view to dispatch
   const int level = simd::max_level();
   if (dtype == at::kFloat) {
-    const LinearOperands<float> op{rows.const_data_ptr<float>(), w.const_data_ptr<float>(),
-                                   b.defined() ? b.const_data_ptr<float>() : nullptr,
-                                   out.mutable_data_ptr<float>(), K, w.stride(0), N, M, N, K};
-    linear_rows(op, dot::tiles_for<float>(level));
+    run_small_batch_linear(rows.const_data_ptr<float>(), M, w,
+                           b.defined() ? b.const_data_ptr<float>() : nullptr,
+                           out.mutable_data_ptr<float>());
   } else {
     using bf16 = c10::BFloat16;
     const LinearOperands<bf16> op{rows.const_data_ptr<bf16>(), w.const_data_ptr<bf16>(),

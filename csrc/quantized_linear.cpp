@@ -19,6 +19,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "cpu_panel_linear.h"
 #include "cpu_qdot.h"
 #include "cpu_qpanel.h"
 
@@ -181,68 +182,48 @@ auto quantized_rows(const Operands& op, Quantize&& quantize) {
                                              : quantize(op.rows.const_data_ptr<c10::BFloat16>());
 }
 
+// A weight's panel tiles for its kind and scales' type, run over x's quantized rows.
+template <typename S>
+void run_panels(const PanelLinear& w, const qpanel::PanelRows& xq, float* out, int level) {
+  const qpanel::PanelWeights<S> pw{static_cast<const uint8_t*>(w.qweight.const_data_ptr()),
+                                   static_cast<const S*>(w.scales.const_data_ptr()),
+                                   w.mins.defined() ? static_cast<const S*>(w.mins.const_data_ptr()) : nullptr,
+                                   w.blocks};
+  const auto& tiles = w.int4     ? qpanel::tiles_for<S, true>(level)
+                      : w.halves ? qpanel::tiles_for<S, false, true>(level)
+                                 : qpanel::tiles_for<S, false>(level);
+  const auto& float_tiles = w.int4     ? qpanel::tiles_for<float, true>(level)
+                            : w.halves ? qpanel::tiles_for<float, false, true>(level)
+                                       : qpanel::tiles_for<float, false>(level);
+  qlinear_panels(xq, pw, w.panels, w.blocks * qpanel::block_bytes(w.int4), out, tiles,
+                 w.kquant ? &float_tiles : nullptr, static_cast<int>(w.entries));
+}
+
+template <typename T>
+void run_panel_rows(const PanelLinear& w, const T* x, int64_t M, float* out, qpanel::PanelRows& xq) {
+  const int level = simd::max_level();
+  qpanel::resize_rows(xq, M, w.K);
+  // The rows' blocks are quantized on every thread: at 16 rows they cost ~10% of the call.
+  at::parallel_for(0, M * w.blocks, kQuantizeGrain, [&](int64_t begin, int64_t end) {
+    qpanel::quantize_blocks(x, xq, begin, end, level);
+  });
+  switch (w.scales.scalar_type()) {
+    case at::kFloat: return run_panels<float>(w, xq, out, level);
+    case at::kHalf: return run_panels<c10::Half>(w, xq, out, level);
+    default: return run_panels<qpanel::KScale>(w, xq, out, level);
+  }
+}
+
 // The panel layout (cpu_qpanel.h): int4 or int8, group 32 (int8 also 16), 16 weight rows per
 // panel.
 at::Tensor quantized_linear_panels_cpu(const at::Tensor& x, const at::Tensor& qweight,
                                        const at::Tensor& scales, const std::optional<at::Tensor>& mins,
                                        const std::optional<at::Tensor>& bias) {
-  const bool int4 = qweight.scalar_type() == at::kByte;
-  TORCH_CHECK_VALUE((int4 || qweight.scalar_type() == at::kChar) &&
-                        qweight.size(2) == qpanel::block_bytes(int4),
-                    "quantized_linear: a 3-D qweight is the panel layout, uint8 [N / 16, K / 32, 256] "
-                    "(int4) or int8 [N / 16, K / 32, 512]; got ", qweight.scalar_type(), " ", qweight.sizes());
-  const int64_t K = x.size(-1);
-  const int64_t panels = qweight.size(0), blocks = qweight.size(1);
-  TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has shape ", x.sizes(),
-                    " but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
-                    K / qpanel::kBlock, ", ", qpanel::block_bytes(int4), "] with K a multiple of 32");
-  // K-quant scales as the file holds them (int8 sub-scales and float16 super-scales, per
-  // super-block of 8 blocks; cpu_qpanel.h), or float scales per block.
-  const bool kquant = scales.scalar_type() == at::kChar;
-  auto entries_of = [&](int64_t width) { return kquant ? (width - 32) / qpanel::kSuperBlock : width; };
-  // int8 in groups of 16 (a Q6_K's sub-blocks): a scale per row and half block.
-  const bool halves = !int4 && scales.dim() == 3 && entries_of(scales.size(2)) == qpanel::scales_per_block(true);
-  const int64_t entries = qpanel::scales_per_block(halves);
-  if (kquant) {
-    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && blocks % qpanel::kSuperBlock == 0 &&
-                          scales.size(1) == blocks / qpanel::kSuperBlock &&
-                          scales.size(2) == qpanel::kSuperBlock * entries + 32,
-                      "quantized_linear: int8 (K-quant) scales of a panel qweight of shape ",
-                      qweight.sizes(), " must have shape [", panels, ", K / 256 = ",
-                      blocks / qpanel::kSuperBlock, ", 160] (or [.., .., 288]: int8 in groups of "
-                      "16), with K a multiple of 256; got ", scales.sizes());
-  } else {
-    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
-                          scales.size(2) == entries,
-                      "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
-                      " scales must have shape [", panels, ", ", blocks, ", 16]",
-                      int4 ? "" : " (or [.., .., 32]: int8 in groups of 16)", ", got ", scales.sizes());
-  }
-  TORCH_CHECK_VALUE(!halves || !mins.has_value(),
-                    "quantized_linear: int8 panels in groups of 16 take no mins (scales of shape ",
-                    scales.sizes(), ")");
-  return linear_with(x, scales, mins, bias, qweight, panels * qpanel::kPanelRows,
-                     [&](auto scale_tag, const Operands& op, float* out) {
-    using S = decltype(scale_tag);
-    // The rows' blocks are quantized on every thread: at 16 rows they cost ~10% of the call.
-    qpanel::PanelRows xq = qpanel::empty_rows(op.M, op.K);
-    quantized_rows(op, [&](auto rows) {
-      at::parallel_for(0, op.M * blocks, kQuantizeGrain, [&](int64_t begin, int64_t end) {
-        qpanel::quantize_blocks(rows, xq, begin, end, op.level);
-      });
-    });
-    const qpanel::PanelWeights<S> w{static_cast<const uint8_t*>(op.q.const_data_ptr()),
-                                    static_cast<const S*>(op.s.const_data_ptr()),
-                                    op.mn.defined() ? static_cast<const S*>(op.mn.const_data_ptr()) : nullptr,
-                                    blocks};
-    const auto& tiles = int4     ? qpanel::tiles_for<S, true>(op.level)
-                        : halves ? qpanel::tiles_for<S, false, true>(op.level)
-                                 : qpanel::tiles_for<S, false>(op.level);
-    const auto& float_tiles = int4     ? qpanel::tiles_for<float, true>(op.level)
-                              : halves ? qpanel::tiles_for<float, false, true>(op.level)
-                                       : qpanel::tiles_for<float, false>(op.level);
-    qlinear_panels(xq, w, panels, blocks * qpanel::block_bytes(int4), out, tiles,
-                   kquant ? &float_tiles : nullptr, static_cast<int>(entries));
+  const PanelLinear w = panel_linear(qweight, scales, mins, x.size(-1));
+  return linear_with(x, scales, mins, bias, qweight, w.N,
+                     [&](auto, const Operands& op, float* out) {
+    qpanel::PanelRows xq;
+    quantized_rows(op, [&](auto rows) { run_panel_rows(w, rows, op.M, out, xq); });
   });
 }
 
@@ -301,6 +282,76 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
 }
 
 }  // namespace
+
+PanelLinear panel_linear(const at::Tensor& qweight, const at::Tensor& scales,
+                         const std::optional<at::Tensor>& mins, int64_t K) {
+  const bool int4 = qweight.scalar_type() == at::kByte;
+  TORCH_CHECK_VALUE((int4 || qweight.scalar_type() == at::kChar) &&
+                        qweight.size(2) == qpanel::block_bytes(int4),
+                    "quantized_linear: a 3-D qweight is the panel layout, uint8 [N / 16, K / 32, 256] "
+                    "(int4) or int8 [N / 16, K / 32, 512]; got ", qweight.scalar_type(), " ", qweight.sizes());
+  const int64_t panels = qweight.size(0), blocks = qweight.size(1);
+  TORCH_CHECK_VALUE(blocks * qpanel::kBlock == K, "quantized_linear: x has ", K, " columns but the panel qweight has shape ", qweight.sizes(), "; expected [N / 16, K / 32 = ",
+                    K / qpanel::kBlock, ", ", qpanel::block_bytes(int4), "] with K a multiple of 32");
+  // K-quant scales as the file holds them (int8 sub-scales and float16 super-scales, per
+  // super-block of 8 blocks; cpu_qpanel.h), or float scales per block.
+  const bool kquant = scales.scalar_type() == at::kChar;
+  auto entries_of = [&](int64_t width) { return kquant ? (width - 32) / qpanel::kSuperBlock : width; };
+  // int8 in groups of 16 (a Q6_K's sub-blocks): a scale per row and half block.
+  const bool halves = !int4 && scales.dim() == 3 && entries_of(scales.size(2)) == qpanel::scales_per_block(true);
+  const int64_t entries = qpanel::scales_per_block(halves);
+  if (kquant) {
+    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && blocks % qpanel::kSuperBlock == 0 &&
+                          scales.size(1) == blocks / qpanel::kSuperBlock &&
+                          scales.size(2) == qpanel::kSuperBlock * entries + 32,
+                      "quantized_linear: int8 (K-quant) scales of a panel qweight of shape ",
+                      qweight.sizes(), " must have shape [", panels, ", K / 256 = ",
+                      blocks / qpanel::kSuperBlock, ", 160] (or [.., .., 288]: int8 in groups of "
+                      "16), with K a multiple of 256; got ", scales.sizes());
+  } else {
+    TORCH_CHECK_VALUE(scales.dim() == 3 && scales.size(0) == panels && scales.size(1) == blocks &&
+                          scales.size(2) == entries,
+                      "quantized_linear: with a panel qweight of shape ", qweight.sizes(),
+                      " scales must have shape [", panels, ", ", blocks, ", 16]",
+                      int4 ? "" : " (or [.., .., 32]: int8 in groups of 16)", ", got ", scales.sizes());
+  }
+  TORCH_CHECK_VALUE(!halves || !mins.has_value(),
+                    "quantized_linear: int8 panels in groups of 16 take no mins (scales of shape ",
+                    scales.sizes(), ")");
+  const auto scale_type = scales.scalar_type();
+  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf || kquant,
+                    "quantized_linear: scales must be float32 or float16 (or int8: K-quant panel "
+                    "scales), got ", scale_type);
+  if (mins.has_value()) {
+    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
+                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
+    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
+                      mins->scalar_type(), " but scales has ", scale_type);
+  }
+  PanelLinear w;
+  w.qweight = qweight.contiguous();
+  w.scales = scales.contiguous();
+  if (mins.has_value()) w.mins = mins->contiguous();
+  w.N = panels * qpanel::kPanelRows;
+  w.K = K;
+  w.panels = panels;
+  w.blocks = blocks;
+  w.entries = entries;
+  w.int4 = int4;
+  w.kquant = kquant;
+  w.halves = halves;
+  return w;
+}
+
+void run_panel_linear(const PanelLinear& w, const float* x, int64_t M, float* out,
+                      qpanel::PanelRows& rows) {
+  run_panel_rows(w, x, M, out, rows);
+}
+
+void run_panel_linear(const PanelLinear& w, const c10::BFloat16* x, int64_t M, float* out,
+                      qpanel::PanelRows& rows) {
+  run_panel_rows(w, x, M, out, rows);
+}
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) { m.impl("quantized_linear", &quantized_linear_cpu); }
 

@@ -284,3 +284,182 @@ def test_float_weights_the_kernel_does_not_take_stay_with_the_loop(monkeypatch):
     runner.prefill(cache, [[1, 2, 3]])
     runner.forward(cache, torch.tensor([[4, 5]]), list(cache.host_lens))
     assert counting.calls == 0 and runner.forward_path == "direct"
+
+
+# ------------------------------------------------------------------------ the one-call path
+#
+# Where every linear is a float32 or a panel weight and the activations are float32 on CPU, the
+# op runs its layers without a dispatch per op (decoder_stack.cpp): the same kernels on buffers
+# it reuses, so it must give the bits of the ops composed one by one.
+
+#: Weights of a stack: float32, panels of every kind, and float32 and int4 linears alternating.
+ONE_CALL_KINDS = ["float32", "int4", "int8", "int8-g16", "q4_k", "q6_k", "mixed"]
+
+
+def linear_parts(n, k, kind, gen):
+    """(weight, scales, mins, bias) of a random ``[n, k]`` float32 or panel weight of ``kind``
+    with a bias that is not zero (a model's initial biases are, and would hide a missed
+    bias)."""
+    from python_tests.test_quantized_panels import kquant_weight
+    from specdec_kernels.models.quantized_weight import pack_panels, quantize_weight
+
+    if kind == "float32":
+        return [torch.randn(n, k, generator=gen) / k**0.5, None, None,
+                torch.randn(n, generator=gen) * 0.1]
+    if kind.startswith("q"):
+        weight = kquant_weight(n, k, gen, bits=4 if kind == "q4_k" else 8,
+                               group=32 if kind == "q4_k" else 16)
+    else:
+        dense = torch.randn(n, k, generator=gen) / k**0.5
+        weight = quantize_weight(dense, 4 if kind == "int4" else 8, 16 if kind == "int8-g16" else 32)
+    packed = pack_panels(weight)
+    assert packed.qweight.dim() == 3
+    return [packed.qweight, packed.scales, packed.mins, torch.randn(n, generator=gen) * 0.1]
+
+
+def one_call_operands(gen, kind, *, joined, batch, width, ragged, cache_dtype, layers=2):
+    """A GQA stack of ``kind`` weights: H 256 (K-quant super-blocks need K % 256 = 0), 8 query
+    / 4 KV heads of D 32, I 256; a chain of ``width`` rows after a prefix per request."""
+    hidden, heads, kv_heads, head_dim, inner, capacity = 256, 8, 4, 32, 256, 24
+    nq, nkv = heads * head_dim, kv_heads * head_dim
+    kinds = iter(["float32", "int4"] * 8 * layers if kind == "mixed" else [kind] * 8 * layers)
+
+    def parts(n, k):
+        return linear_parts(n, k, next(kinds), gen)
+
+    linears = []
+    for _ in range(layers):
+        if joined:
+            linears += parts(nq + 2 * nkv, hidden) + [None] * 8
+        else:
+            for n in (nq, nkv, nkv):
+                linears += parts(n, hidden)
+        linears += parts(hidden, nq)
+        if joined:
+            linears += parts(2 * inner, hidden) + [None] * 4
+        else:
+            linears += parts(inner, hidden)
+            linears += parts(inner, hidden)
+        linears += parts(hidden, inner)
+    prefix = torch.tensor([5, 11, 8][:batch]) if ragged else torch.full((batch,), 9)
+    positions = prefix[:, None] + torch.arange(width)
+    angle = positions[..., None].float() * torch.linspace(0.1, 1.0, head_dim)
+    masks = ops.build_tree_masks(torch.tensor([[-1] + list(range(width - 1))] * batch), prefix)
+    kv = torch.randn(layers, 2, batch, kv_heads, capacity, head_dim, generator=gen)
+    return dict(
+        hidden=torch.randn(batch, width, hidden, generator=gen), cos=angle.cos(), sin=angle.sin(),
+        kv_cache=kv.to(cache_dtype), write_start=0 if ragged else 9,
+        write_index=positions if ragged else None, kv_len=int(prefix.max()) + width,
+        cache_lens=prefix, tree_mask=masks.packed_mask,
+        norms=[torch.rand(hidden, generator=gen) + 0.5 for _ in range(2 * layers + 1)],
+        linears=linears, num_heads=heads, num_kv_heads=kv_heads, scale=head_dim**-0.5, eps=1e-6,
+    )
+
+
+def stack_by_ops(a, capture=()):
+    """``decoder_stack_`` composed from the ops one by one, writing ``a["kv_cache"]``: the bits
+    the one-call path must give."""
+    hidden, kv, eps, norms = a["hidden"], a["kv_cache"], a["eps"], a["norms"]
+    batch, width, _ = hidden.shape
+    heads, kv_heads, head_dim = a["num_heads"], a["num_kv_heads"], kv.shape[-1]
+    nq, nkv = heads * head_dim, kv_heads * head_dim
+
+    def linear(layer, slot, x):
+        weight, scales, mins, bias = a["linears"][(layer * 7 + slot) * 4 : (layer * 7 + slot + 1) * 4]
+        if scales is None:
+            return ops.small_batch_linear(x, weight, bias)
+        return ops.quantized_linear(x, weight, scales, mins, bias)
+
+    def write(cache, rows):  # rows [B, T, Hkv, D] into cache [B, Hkv, S, D]
+        block = rows.transpose(1, 2).to(cache.dtype)
+        if a["write_index"] is None:
+            cache[:, :, a["write_start"] : a["write_start"] + width] = block
+        else:
+            for b in range(batch):
+                cache[b][:, a["write_index"][b]] = block[b]
+
+    h, x, captured = hidden, ops.rms_norm(hidden, norms[0], eps), {}
+    for layer in range(len(a["linears"]) // 28):
+        if a["linears"][(layer * 7 + 1) * 4] is None:
+            joined = linear(layer, 0, x)
+            qk = ops.rotary_embedding(joined[..., : nq + nkv].reshape(batch, width, -1, head_dim),
+                                      a["cos"], a["sin"])
+            q, k = qk[:, :, :heads], qk[:, :, heads:]
+            v = joined[..., nq + nkv :].reshape(batch, width, kv_heads, head_dim)
+        else:
+            q, k, v = (linear(layer, slot, x).view(batch, width, -1, head_dim) for slot in range(3))
+            q, k = (ops.rotary_embedding(t, a["cos"], a["sin"]) for t in (q, k))
+        write(kv[layer, 0], k)
+        write(kv[layer, 1], v)
+        out = ops.tree_attention(q, kv[layer, 0], kv[layer, 1], a["cache_lens"], a["tree_mask"],
+                                 a["scale"])
+        h, x = ops.add_rms_norm(linear(layer, 3, out.reshape(batch, width, -1)), h,
+                                norms[1 + 2 * layer], eps)
+        if a["linears"][(layer * 7 + 5) * 4] is None:
+            both = linear(layer, 4, x)
+            inner = both.shape[-1] // 2
+            gated = ops.silu_mul(both[..., :inner], both[..., inner:])
+        else:
+            gated = ops.silu_mul(linear(layer, 4, x), linear(layer, 5, x))
+        h, x = ops.add_rms_norm(linear(layer, 6, gated), h, norms[2 + 2 * layer], eps)
+        captured[layer] = h
+    return x, [captured[point] for point in capture]
+
+
+@pytest.mark.parametrize("kind", ONE_CALL_KINDS)
+@pytest.mark.parametrize("joined", [True, False])
+@pytest.mark.parametrize("width,ragged", [(1, False), (5, True), (3, False)])
+def test_the_one_call_path_gives_the_ops_bits(gen, kind, joined, width, ragged):
+    """Output, captures (in the caller's order) and every cache row, bit for bit; a ragged
+    batch writes its rows by index into a bfloat16 cache (as the quantized-self draft's)."""
+    args = one_call_operands(gen, kind, joined=joined, batch=3, width=width, ragged=ragged,
+                                cache_dtype=torch.bfloat16 if ragged else torch.float32)
+    by_ops = dict(args, kv_cache=args["kv_cache"].clone())
+    got, captured = ops.decoder_stack_(**args, capture=[1, 0])
+    want, want_captured = stack_by_ops(by_ops, capture=[1, 0])
+    assert torch.isfinite(got).all()
+    assert_equal(got, want)
+    for a, b in zip(captured, want_captured, strict=True):
+        assert_equal(a, b)
+    assert_equal(args["kv_cache"], by_ops["kv_cache"])
+
+
+@pytest.mark.parametrize("kind", ["float32", "int4", "q4_k"])
+def test_the_one_call_path_gives_a_row_alone_the_same_bits(gen, kind):
+    args = one_call_operands(gen, kind, joined=True, batch=3, width=4, ragged=True,
+                                cache_dtype=torch.float32)
+    alone = dict(args, hidden=args["hidden"][1:2], cos=args["cos"][1:2], sin=args["sin"][1:2],
+                 kv_cache=args["kv_cache"][:, :, 1:2].clone(), write_index=args["write_index"][1:2],
+                 cache_lens=args["cache_lens"][1:2], tree_mask=args["tree_mask"][1:2])
+    both, _ = ops.decoder_stack_(**args)
+    one, _ = ops.decoder_stack_(**alone)
+    assert_equal(both[1:2], one)
+
+
+@pytest.mark.parametrize("joined,slot,rows,message", [
+    (True, 0, 16, "layer 0's joined q/k/v has 496 columns, not \\(Hq \\+ 2 Hkv\\) D = 512"),
+    (False, 1, 16, "layer 0's q/k/v have 256/112/128 columns, not Hq D = 256 and Hkv D = 128"),
+    (True, 3, 16, "layer 0's o weight has 240 rows, not 256"),
+    (True, 6, 16, "layer 0's down weight has 240 rows, not 256"),
+    (False, 5, 16, "layer 0's up weight has 240 rows, not 256"),
+])
+def test_the_one_call_path_names_a_wrong_width(gen, joined, slot, rows, message):
+    """A linear with one panel (16 rows) too few is named, before anything is computed."""
+    args = one_call_operands(gen, "int4", joined=joined, batch=1, width=1, ragged=False,
+                                cache_dtype=torch.float32)
+    weight, scales, mins, bias = args["linears"][4 * slot : 4 * slot + 4]
+    args["linears"][4 * slot : 4 * slot + 4] = [weight[:-1], scales[:-1], mins[:-1], bias[:-rows]]
+    with pytest.raises(ValueError, match=message):
+        ops.decoder_stack_(**args)
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("int8", "quantized_linear: bias must be float32 of shape \\[512\\]"),
+    ("float32", "small_batch_linear: bias must have shape \\[512\\]"),
+])
+def test_the_one_call_path_names_a_bias_of_the_wrong_shape(gen, kind, message):
+    args = one_call_operands(gen, kind, joined=True, batch=1, width=1, ragged=False,
+                             cache_dtype=torch.float32)
+    args["linears"][3] = args["linears"][3][:-1]
+    with pytest.raises(ValueError, match=message):
+        ops.decoder_stack_(**args)

@@ -224,7 +224,11 @@ def decoder_stack_(
     op (the same ops on the same operands in the same order: bit-identical, batch-invariant).
 
     At batch 1 on a CPU the Python between a step's ~360 ops cost as much as its linears; this
-    composite calls them from C++. Per layer ``l`` (``L`` layers)::
+    composite calls them from C++. Where every linear is a float32 or a panel weight and the
+    activations are float32 on CPU (not while tracing), it goes further: the linears and the
+    glue ops' arithmetic run on buffers reused by every layer, without a dispatch or an
+    allocation per op (the same kernels, so the same bits; csrc/decoder_stack.cpp). Per layer
+    ``l`` (``L`` layers)::
 
         q, k, v = linear(x, q/k/v); q, k = rotary(q), rotary(k)      # joined or separate
         kv_cache[l, 0 | 1, :, :, rows] = k | v                         # the block's rows
