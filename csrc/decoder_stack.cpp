@@ -238,9 +238,9 @@ struct LinearRunner {
   // `what` names the linear in errors.
   float* run(const Linear& l, const at::Tensor& input, int64_t M, int64_t N, Rows& out,
              int64_t layer, const char* what) {
-    const OptionalTensor bias = l.bias.defined() ? OptionalTensor(l.bias) : std::nullopt;
     const float* x = input.const_data_ptr<float>();
     if (!is_panel(l)) {
+      const OptionalTensor bias = l.bias.defined() ? OptionalTensor(l.bias) : std::nullopt;
       const int64_t rows = check_small_batch_linear_args(input, l.weight, bias);
       check_rows(rows, N, layer, what);
       float* o = out.ensure(M, N);
