@@ -125,14 +125,9 @@ struct Operands {
   int level;
 };
 
-// What both layouts share around their tiles: scales and mins of float32 or float16 (mins like
-// scales), a bias of N in x's dtype; the operands made contiguous; the float32 result plus the
-// bias, in x's dtype and leading shape. `tiles(scale_tag, operands, out)` fills out [M, N].
-template <typename Tiles>
-at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
-                       const std::optional<at::Tensor>& bias, const at::Tensor& qweight, int64_t N,
-                       Tiles&& tiles) {
-  const auto dtype = x.scalar_type();
+// Scales of float32 or float16 (or int8: K-quant panel scales), mins like them: both layouts'
+// weights are checked so (the panel one by panel_linear) before their tiles run.
+void check_scales_and_mins(const at::Tensor& scales, const std::optional<at::Tensor>& mins) {
   const auto scale_type = scales.scalar_type();
   TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf || scale_type == at::kChar,
                     "quantized_linear: scales must be float32 or float16 (or int8: K-quant panel "
@@ -143,6 +138,17 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std:
     TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
                       mins->scalar_type(), " but scales has ", scale_type);
   }
+}
+
+// What both layouts share around their tiles (scales and mins already checked,
+// check_scales_and_mins): a bias of N in x's dtype; the operands made contiguous; the float32
+// result plus the bias, in x's dtype and leading shape. `tiles(scale_tag, operands, out)` fills out [M, N].
+template <typename Tiles>
+at::Tensor linear_with(const at::Tensor& x, const at::Tensor& scales, const std::optional<at::Tensor>& mins,
+                       const std::optional<at::Tensor>& bias, const at::Tensor& qweight, int64_t N,
+                       Tiles&& tiles) {
+  const auto dtype = x.scalar_type();
+  const auto scale_type = scales.scalar_type();
   if (bias.has_value()) {
     TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N,
                       "quantized_linear: bias must have shape [", N, "], got ", bias->sizes());
@@ -267,6 +273,7 @@ at::Tensor quantized_linear_cpu(const at::Tensor& x, const at::Tensor& qweight,
                     "quantized_linear: scales has shape ", scales.sizes(), " for K = ", K,
                     ": the group K / scales.size(1) must be a power of two >= ", min_group,
                     " for ", int4 ? "int4" : "int8", " weights");
+  check_scales_and_mins(scales, mins);
   return linear_with(x, scales, mins, bias, qweight, N, [&](auto scale_tag, const Operands& op, float* out) {
     using S = decltype(scale_tag);
     if constexpr (!std::is_same_v<S, qpanel::KScale>) {  // K-quant scales were refused above
@@ -318,16 +325,7 @@ PanelLinear panel_linear(const at::Tensor& qweight, const at::Tensor& scales,
   TORCH_CHECK_VALUE(!halves || !mins.has_value(),
                     "quantized_linear: int8 panels in groups of 16 take no mins (scales of shape ",
                     scales.sizes(), ")");
-  const auto scale_type = scales.scalar_type();
-  TORCH_CHECK_VALUE(scale_type == at::kFloat || scale_type == at::kHalf || kquant,
-                    "quantized_linear: scales must be float32 or float16 (or int8: K-quant panel "
-                    "scales), got ", scale_type);
-  if (mins.has_value()) {
-    TORCH_CHECK_VALUE(mins->sizes() == scales.sizes(), "quantized_linear: mins has shape ",
-                      mins->sizes(), " but scales has ", scales.sizes(), " (they must match)");
-    TORCH_CHECK_VALUE(mins->scalar_type() == scale_type, "quantized_linear: mins has dtype ",
-                      mins->scalar_type(), " but scales has ", scale_type);
-  }
+  check_scales_and_mins(scales, mins);
   PanelLinear w;
   w.qweight = qweight.contiguous();
   w.scales = scales.contiguous();

@@ -24,6 +24,23 @@ def prompts_for(loaded, kind: str, count: int) -> list:
                                 + "\n\n" + asks[i % 2] for i in range(count)])
 
 
+def script_inputs(names: int, default_count: int):
+    """A script's command line ``NAME.. [COUNT] [NEW]`` (``names`` leading words, the first
+    WEIGHTS, the second PROMPTS): ``(words, count, new, loaded, prompts)`` with the default
+    model at those weights, float32, and its prompts of that kind."""
+    import sys
+
+    import torch
+
+    from specdec_kernels.models import load_default_model
+
+    words = sys.argv[1 : names + 1]
+    count = int(sys.argv[names + 1]) if len(sys.argv) > names + 1 else default_count
+    new = int(sys.argv[names + 2]) if len(sys.argv) > names + 2 else 96
+    loaded = load_default_model(dtype=torch.float32, weights=words[0])
+    return words, count, new, loaded, prompts_for(loaded, words[1], count)
+
+
 def alternate(prompts: list, runs: dict, new: int) -> dict:
     """``{name: [decode seconds, new tokens, target forwards]}`` of ``runs`` (``{name:
     run(prompt, max_new_tokens) -> GenerationOutput}``, the plain loop first), taking turns

@@ -8,18 +8,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import torch
 
-from ab_lib import alternate, prompts_for, report
+from ab_lib import alternate, report, script_inputs
 from specdec_kernels.decoding import generate, make_drafter
 from specdec_kernels.decoding.cost import StepCost
-from specdec_kernels.models import load_default_model
 
-weights, kind, drafter = sys.argv[1:4]
-count = int(sys.argv[4]) if len(sys.argv) > 4 else 6
-new = int(sys.argv[5]) if len(sys.argv) > 5 else 96
-loaded = load_default_model(dtype=torch.float32, weights=weights)
-prompts = prompts_for(loaded, kind, count)
+(weights, kind, drafter), count, new, loaded, prompts = script_inputs(3, 6)
 at_context = StepCost.__call__
 
 

@@ -6,19 +6,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ab_lib import prompts_for
+from ab_lib import script_inputs
 import json, time, statistics
-import torch
 from specdec_kernels.decoding import ModelRunner, generate, make_drafter
 from specdec_kernels.decoding.cost import StepCost
 from specdec_kernels.decoding import runner as runner_mod
-from specdec_kernels.models import load_default_model
 
-weights, kind, drafter, which = sys.argv[1:5]
-count = int(sys.argv[5]) if len(sys.argv) > 5 else 3
-new = int(sys.argv[6]) if len(sys.argv) > 6 else 96
-loaded = load_default_model(dtype=torch.float32, weights=weights)
-prompts = prompts_for(loaded, kind, count)
+(weights, kind, drafter, which), count, new, loaded, prompts = script_inputs(4, 3)
 r = ModelRunner(loaded.model); curve = r.step_cost(); r.release()
 cost = curve if which == "context" else StepCost(dict(curve.points))
 rows = []
