@@ -3,6 +3,7 @@
 # (default HEAD) against the working tree's, in one process (step.h says why), for a decoding
 # step's quantized and float linears on each instruction-set level (2 = AVX-512, 1 = AVX2).
 #   bash bench/kernel_ab/run.sh [OLD] [LEVEL ...]     e.g. bash bench/kernel_ab/run.sh HEAD~1 2 1
+#   KINDS="1" limits the run to the float step (0 = quantized, 1 = float; default both).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -36,6 +37,6 @@ g++ "${flags[@]}" -c "$here/main.cpp" -o "$work/main.o"
 g++ -fopenmp "$work/old.o" "$work/new.o" "$work/main.o" -o "$work/ab"
 levels=("$@")
 [ ${#levels[@]} -gt 0 ] || levels=(2 1)
-for kind in 0 1; do
+for kind in ${KINDS:-0 1}; do
   for level in "${levels[@]}"; do "$work/ab" "$kind" "$level"; done
 done
