@@ -178,3 +178,85 @@ def test_quantized_self_on_the_float32_target(loaded, options):
                    drafter=QuantizedSelfDrafter(num_draft=3, **options))
     assert out.tokens == plain.tokens
     assert out.stats.tau > 1.5  # it agrees with the target most of the time
+
+
+# ------------------------------------------------------------------ the file's tensor index
+
+
+def write_small_gguf(path, rows=48, columns=64):
+    """A GGUF file of one float32, one float16 and one Q8_0 tensor (odd row count)."""
+    gguf = pytest.importorskip("gguf")
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    rng = np.random.default_rng(0)
+    writer.add_tensor("norm.weight", rng.standard_normal(columns + 3).astype(np.float32))
+    writer.add_tensor("half.weight", rng.standard_normal((5, columns)).astype(np.float16))
+    blocks, _ = random_blocks("Q8_0", rows + 1, columns)
+    writer.add_tensor("q8.weight", blocks.data, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_file_tensors_are_the_readers_and_cached(tmp_path, monkeypatch):
+    """The tensors (names, types, shapes, data bytes) are what gguf's reader gives; the second
+    read comes from the cached index without the reader; an index that is corrupt, of another
+    version or that does not fit the file is read again, not trusted."""
+    gguf = pytest.importorskip("gguf")
+    from specdec_kernels.models import loading
+    from specdec_kernels.models.gguf_weights import file_tensors
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_small_gguf(tmp_path / "small.gguf")
+    reader = gguf.GGUFReader(str(path))
+
+    def same_as_reader(result):
+        architecture, tensors = result
+        assert architecture == "llama"
+        assert [t.name for t in tensors] == [t.name for t in reader.tensors]
+        for got, want in zip(tensors, reader.tensors):
+            assert got.tensor_type == want.tensor_type
+            assert list(got.shape) == [int(d) for d in want.shape]
+            assert got.data.dtype == want.data.dtype and got.data.shape == want.data.shape
+            assert np.array_equal(got.data, want.data)
+            assert not isinstance(repack(got), QuantizedWeight) or got.tensor_type.name == "Q8_0"
+            # The repacked weight is the same either way.
+            a, b = repack(got), repack(want)
+            assert torch.equal(a.dequantize() if isinstance(a, QuantizedWeight) else a,
+                               b.dequantize() if isinstance(b, QuantizedWeight) else b)
+
+    calls = []
+    check = loading.check_gguf_file
+    monkeypatch.setattr(loading, "check_gguf_file", lambda p: calls.append(p) or check(p))
+    same_as_reader(file_tensors(path))
+    assert len(calls) == 1
+    same_as_reader(file_tensors(path))
+    assert len(calls) == 1  # from the index
+    (index_file,) = (tmp_path / "cache" / "gguf-index").glob("*.json")
+    text = index_file.read_text()
+    for broken in ("{", text.replace('"version": 1', '"version": 0'),
+                   text.replace('"offset": ', '"offset": 1000000')):
+        assert broken != text
+        index_file.write_text(broken)
+        same_as_reader(file_tensors(path))
+        assert index_file.read_text() == text  # written again whole
+    assert len(calls) == 4
+
+
+def test_file_tensors_of_a_changed_file_are_read_again(tmp_path, monkeypatch):
+    """The index is keyed by the file's size and mtime: a file written again is read again,
+    and one cut short since is named as truncated."""
+    pytest.importorskip("gguf")
+    from specdec_kernels.models.gguf_weights import file_tensors
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_small_gguf(tmp_path / "small.gguf", rows=48)
+    assert file_tensors(path)[1][2].data.shape == (49, 68)  # Q8_0 rows of 2 blocks of 34 bytes
+    write_small_gguf(path, rows=80)
+    assert file_tensors(path)[1][2].data.shape == (81, 68)
+    cut = path.read_bytes()[:-100]
+    path.write_bytes(cut)
+    with pytest.raises(ValueError, match="small.gguf is truncated"):
+        file_tensors(path)

@@ -45,12 +45,14 @@ def test_converted_copy_is_cached_and_reused():
 
 @pytest.mark.default_model
 def test_gguf_file_and_folder_sources_give_the_same_weights():
-    by_gguf = load_model(default_gguf_path())  # same file: same cached conversion
+    by_gguf = load_model(default_gguf_path(), weights="float32")  # converted once, cached
     by_folder = load_model(converted_gguf_dir(default_gguf_path()))
+    at_file_precision = load_model(default_gguf_path())  # the default: the file's blocks
     w1 = by_gguf.model.get_output_embeddings().weight
     w2 = by_folder.model.get_output_embeddings().weight
     assert torch.equal(w1, w2)
     assert torch.equal(w1, default_model().model.get_output_embeddings().weight)
+    assert torch.equal(at_file_precision.model.get_output_embeddings().weight.dequantize(), w1)
 
 
 @pytest.mark.default_model

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from specdec_kernels.models.quantized_weight import (
     set_weight,
 )
 
-__all__ = ["REPACKED_TYPES", "load_gguf_model", "repack"]
+__all__ = ["REPACKED_TYPES", "FileTensor", "file_tensors", "load_gguf_model", "repack"]
 
 
 def _f16(raw: np.ndarray, offset: int) -> np.ndarray:
@@ -201,7 +202,8 @@ REPACKED_TYPES = {
 
 
 def repack(tensor, dtype: torch.dtype = torch.float32):
-    """One tensor of a ``gguf.GGUFReader``: a :class:`QuantizedWeight` for the types of
+    """One tensor of a GGUF file (:class:`FileTensor`, or a ``gguf.GGUFReader``'s): a
+    :class:`QuantizedWeight` for the types of
     :data:`REPACKED_TYPES` (2-D), else a dense tensor in ``dtype`` (float types as stored;
     other quantized types dequantized by the ``gguf`` package)."""
     kind = tensor.tensor_type.name
@@ -254,6 +256,92 @@ def _row_order(processor, name: str, rows: int) -> np.ndarray | None:
     return moved.astype(np.int64)
 
 
+class FileTensor(NamedTuple):
+    """One tensor of a GGUF file as ``gguf.GGUFReader`` gives it (the fields :func:`repack`
+    reads): ``shape`` fastest dimension first, ``data`` the file's bytes (typed for float and
+    integer types, ``uint8`` blocks for quantized ones), mapped from the file."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: tuple
+    data: np.ndarray
+
+
+_INDEX_VERSION = 1
+
+
+def file_tensors(path: str | Path) -> tuple[str, list[FileTensor]]:
+    """``(architecture, tensors)`` of a GGUF file.
+
+    ``gguf``'s reader takes seconds to open a file (it parses the tokenizer's ~100k strings one
+    by one), so what it found (names, types, shapes, where each tensor's data lies, as the
+    reader typed it) is cached under :func:`~specdec_kernels.models.loading.cache_dir`, keyed
+    by the file's path, size and mtime like the converted copy, and later loads map the data
+    straight from the file. A read without a usable index goes through
+    :func:`~specdec_kernels.models.loading.check_gguf_file`, which names a truncated or corrupt
+    file.
+    """
+    from gguf import GGMLQuantizationType
+
+    from specdec_kernels.models.loading import cache_dir, converted_gguf_dir
+
+    path = Path(path)
+    index_file = cache_dir() / "gguf-index" / f"{converted_gguf_dir(path).name}.json"
+    index = _read_index(index_file, path.stat().st_size)
+    if index is None:
+        index = _write_index(path, index_file)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = []
+    for t in index["tensors"]:
+        dtype = np.dtype(t["dtype"])
+        end = t["offset"] + int(np.prod(t["data_shape"])) * dtype.itemsize
+        data = mapped[t["offset"]:end].view(dtype).reshape(t["data_shape"])
+        tensors.append(FileTensor(t["name"], GGMLQuantizationType(t["type"]), tuple(t["shape"]), data))
+    return index["architecture"], tensors
+
+
+def _read_index(index_file: Path, file_bytes: int) -> dict | None:
+    """The cached index, or ``None`` where there is none or it does not fit the file."""
+    import json
+
+    try:
+        index = json.loads(index_file.read_text())
+        if index["version"] != _INDEX_VERSION:
+            return None
+        for t in index["tensors"]:
+            end = t["offset"] + int(np.prod(t["data_shape"])) * np.dtype(t["dtype"]).itemsize
+            if not 0 <= t["offset"] <= end <= file_bytes:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return index
+
+
+def _write_index(path: Path, index_file: Path) -> dict:
+    """Reads the file with ``gguf``'s reader (checked whole) and caches what it found."""
+    import json
+    import os
+    import tempfile
+
+    from specdec_kernels.models.loading import check_gguf_file
+
+    reader = check_gguf_file(path)
+    index = {
+        "version": _INDEX_VERSION,
+        "architecture": str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8"),
+        "tensors": [{"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape],
+                     "offset": int(t.data_offset), "dtype": t.data.dtype.str,
+                     "data_shape": list(t.data.shape)}
+                    for t in reader.tensors],
+    }
+    index_file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=index_file.name, dir=index_file.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(index, f)
+    os.replace(tmp, index_file)  # concurrent loads write the same index; one lands whole
+    return index
+
+
 def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu",
                     attn_implementation: str | None = None):
     """``(model, tokenizer)`` of a GGUF file with its weights at the file's precision.
@@ -268,11 +356,11 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
         The file's architecture is not one transformers reads from GGUF, or a model tensor
         has no counterpart in the file.
     """
-    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     path = Path(path)
+    architecture, tensors = file_tensors(path)  # first: a bad file is named as such
     config, tokenizer, parsed = _config_and_tokenizer(path)
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
@@ -282,12 +370,10 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, dev
     # embedding scales) computed as the model's own code computes them.
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    reader = GGUFReader(str(path))
-    architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
     processor = gguf_utils.TENSOR_PROCESSORS.get(architecture, gguf_utils.TensorProcessor)(config=parsed)
     names = _names(model, architecture, config) or gguf_utils.get_gguf_hf_weights_map(model, processor)
     placed: dict = {}
-    for tensor in reader.tensors:
+    for tensor in tensors:
         hf_name = names.get(tensor.name)
         if hf_name is None:
             continue

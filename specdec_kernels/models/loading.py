@@ -138,15 +138,21 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_gguf_file(path: Path) -> None:
-    """Raise ``ValueError`` naming ``path`` unless ``gguf``'s reader opens it whole (its
-    header, and tensor data for every tensor the header lists). A file cut short, e.g. by an
-    interrupted download, is reported as truncated."""
+def check_gguf_file(path: Path):
+    """``path`` opened by ``gguf``'s reader (a ``gguf.GGUFReader``), which checks it whole: its
+    header, and tensor data for every tensor the header lists.
+
+    Raises
+    ------
+    ValueError
+        Naming ``path``, where the reader fails; a file cut short, e.g. by an interrupted
+        download, is reported as truncated.
+    """
     import gguf
 
     size = path.stat().st_size
     try:
-        gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except (ValueError, IndexError, KeyError, OSError) as error:
         if "cannot reshape array" in str(error):  # a tensor's data runs past the end
             raise ValueError(
@@ -265,7 +271,8 @@ WEIGHT_MODES = ("file", "float32")
 def _load_gguf_at_file_precision(path: Path, dtype, device, attn_implementation, source: str):
     from specdec_kernels.models.gguf_weights import load_gguf_model
 
-    check_gguf_file(path)  # a file cut short is named as such, not by numpy's reshape error
+    # A file cut short is named as such (the first read of its tensors checks it whole), not
+    # by numpy's reshape error.
     model, tokenizer = load_gguf_model(path, dtype=dtype, device=device,
                                        attn_implementation=attn_implementation)
     model.requires_grad_(False)
