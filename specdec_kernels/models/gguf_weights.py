@@ -306,7 +306,7 @@ def _read_index(index_file: Path, file_bytes: int) -> dict | None:
 
     try:
         index = json.loads(index_file.read_text())
-        if index["version"] != _INDEX_VERSION:
+        if index["version"] != _INDEX_VERSION or not isinstance(index["architecture"], str):
             return None
         for t in index["tensors"]:
             end = t["offset"] + int(np.prod(t["data_shape"])) * np.dtype(t["dtype"]).itemsize
@@ -318,7 +318,8 @@ def _read_index(index_file: Path, file_bytes: int) -> dict | None:
 
 
 def _write_index(path: Path, index_file: Path) -> dict:
-    """Reads the file with ``gguf``'s reader (checked whole) and caches what it found."""
+    """Reads the file with ``gguf``'s reader (checked whole) and caches what it found where the
+    cache can be written (the index only saves time)."""
     import json
     import os
     import tempfile
@@ -334,11 +335,16 @@ def _write_index(path: Path, index_file: Path) -> dict:
                      "data_shape": list(t.data.shape)}
                     for t in reader.tensors],
     }
-    index_file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=index_file.name, dir=index_file.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(index, f)
-    os.replace(tmp, index_file)  # concurrent loads write the same index; one lands whole
+    tmp = None
+    try:
+        index_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=index_file.name, dir=index_file.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(index, f)
+        os.replace(tmp, index_file)  # concurrent loads write the same index; one lands whole
+    except OSError:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
     return index
 
 
