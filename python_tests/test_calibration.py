@@ -147,3 +147,40 @@ def test_the_direct_forward_has_a_curve_of_its_own():
     assert direct == {**own, "forward": "direct"}
     gemma = calibration.step_cost_key(ModelRunner(tiny_model("gemma3", vocab=64), cpu_kernels=True))
     assert gemma["forward"] == "model"
+
+
+def test_measuring_the_machine_is_left_out_of_the_runs_timings(model, machine_mode, monkeypatch):
+    """A chain drafter's first run on a machine measures the step and draft costs inside the
+    run (its budget asks for them at the start); the run's seconds (and tokens per second)
+    leave that time out and the summary says how long it took, once."""
+    import time
+
+    from specdec_kernels.decoding import DraftModelDrafter, generate
+
+    def slow_step_cost(runner, **kwargs):
+        time.sleep(0.3)
+        return {256: {1: 10.0, 2: 10.5, 4: 11.0, 128: 40.0}}
+
+    def slow_draft_cost(target, draft, **kwargs):
+        time.sleep(0.3)
+        return {256: {1: 0.2, 2: 0.25, 32: 1.0}}
+
+    monkeypatch.setattr(calibration, "measure_step_cost", slow_step_cost)
+    monkeypatch.setattr(calibration, "measure_draft_cost", slow_draft_cost)
+    draft = tiny_model("llama", vocab=64, layers=1, seed=1)
+
+    def run():
+        start = time.perf_counter()
+        out = generate(model, [[1, 2, 3, 4, 5, 1, 2, 3]], drafter=DraftModelDrafter(draft, num_draft=3),
+                       max_new_tokens=7, eos_token_id=[])
+        return out, time.perf_counter() - start
+
+    first, wall = run()
+    assert first.stats.measuring_seconds >= 0.6
+    assert 0 < first.stats.seconds <= wall - 0.6
+    assert first.stats.prefill_seconds + first.stats.drafter_seconds <= first.stats.seconds
+    assert "first measured this machine's costs (0." in first.stats.summary()
+    assert first.stats.to_dict()["measuring_seconds"] == first.stats.measuring_seconds
+    second, _ = run()  # from the machine cache
+    assert second.stats.measuring_seconds == 0 and "measured" not in second.stats.summary()
+    assert second.tokens == first.tokens

@@ -287,7 +287,8 @@ def machine_step_cost(runner) -> StepCost:
         return _machine_curve(found)
     print(f"specdec: measuring this machine's step cost for the model (once; kept in "
           f"{machine_cache.cache_file()})", file=sys.stderr)
-    return calibrate(runner)
+    with machine_cache.measuring():
+        return calibrate(runner)
 
 
 def machine_draft_cost(target, draft, exit_layer: int | None = None) -> dict | None:
@@ -314,7 +315,8 @@ def machine_draft_cost(target, draft, exit_layer: int | None = None) -> dict | N
     if found is None:
         print(f"specdec: measuring this machine's draft cost against the target (once; kept "
               f"in {machine_cache.cache_file()})", file=sys.stderr)
-        measured = measure_draft_cost(target, draft, exit_layer=exit_layer)
+        with machine_cache.measuring():
+            measured = measure_draft_cost(target, draft, exit_layer=exit_layer)
         found = {"ratio_by_prefix": {str(p): {str(t): r for t, r in c.items()}
                                      for p, c in measured.items()}}
         machine_cache.store(_DRAFT_KIND, key, found)

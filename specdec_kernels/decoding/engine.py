@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from specdec_kernels import ops
+from specdec_kernels.decoding import machine_cache
 from specdec_kernels.decoding.acceptance import Verdict
 from specdec_kernels.decoding.drafter import (
     BLOCK_LIMIT_REASON,
@@ -65,10 +66,18 @@ class Generation:
     reasons: list
     t_start: float
     on_emit: "Callable[[int, list, bool], None] | None" = None
+    measured_before: float = 0.0  # machine_cache.measuring_seconds() at the start
 
     @property
     def done(self) -> bool:
         return not self.rows
+
+
+def _run_clock() -> float:
+    """Seconds of wall time less those spent measuring the machine
+    (:func:`~specdec_kernels.decoding.machine_cache.measuring_seconds`: once per model and
+    machine, inside the first run that needs it), so that a run's timings are its own."""
+    return time.perf_counter() - machine_cache.measuring_seconds()
 
 
 @dataclass
@@ -220,7 +229,8 @@ class Engine:
         total)`` is called with the prompt tokens prefilled so far when the target's prefill
         runs in chunks (:meth:`ModelRunner.prefill`).
         """
-        t_start = time.perf_counter()
+        t_start = _run_clock()
+        measured_before = machine_cache.measuring_seconds()
         batch = len(prompts)
         device = self.runner.device
         stats = RunStats(
@@ -263,7 +273,7 @@ class Engine:
                 else counts.to(device, non_blocking=True)
             )
         self.drafter.start(state)
-        stats.prefill_seconds = time.perf_counter() - t_start
+        stats.prefill_seconds = _run_clock() - t_start
         return Generation(
             state=state,
             stop=stop,
@@ -274,17 +284,18 @@ class Engine:
             reasons=[""] * batch,
             t_start=t_start,
             on_emit=on_emit,
+            measured_before=measured_before,
         )
 
     @torch.inference_mode()
     def step(self, gen: "Generation") -> None:
         """One propose -> verify -> commit step for every running request."""
         state, stop, stats = gen.state, gen.stop, gen.stats
-        t0 = time.perf_counter()
+        t0 = _run_clock()
         proposal = self.drafter.propose(state)
         if not isinstance(proposal, Proposal):
             raise TypeError(f"a drafter returned {type(proposal).__name__}, not a Proposal")
-        t1 = time.perf_counter()
+        t1 = _run_clock()
         eos_blocked = [stop.min_new_tokens[req] - len(gen.outputs[req]) for req in gen.rows]
         num_accepted, emitted, seen = self._verify_and_commit(
             state, proposal, eos_blocked if max(eos_blocked) > 0 else None, stop.eos_ids
@@ -303,14 +314,14 @@ class Engine:
             if reason is not None:
                 del gen.outputs[req][keep:]
                 gen.reasons[req] = reason
-                gen.requests[req].seconds = time.perf_counter() - gen.t_start
+                gen.requests[req].seconds = _run_clock() - gen.t_start
                 finished.append(b)
             if gen.on_emit is not None:
                 gen.on_emit(req, gen.outputs[req][before:], reason is not None)
             state.remaining[b] = stop.max_new_tokens[req] - len(gen.outputs[req])
-        t2 = time.perf_counter()
+        t2 = _run_clock()
         self.drafter.accept(state, StepOutcome(previous_starts, num_accepted, **seen))
-        stats.drafter_seconds += (t1 - t0) + (time.perf_counter() - t2)
+        stats.drafter_seconds += (t1 - t0) + (_run_clock() - t2)
         if finished:
             keep_rows = [b for b in range(len(gen.rows)) if b not in finished]
             gen.rows = [gen.rows[b] for b in keep_rows]
@@ -323,7 +334,8 @@ class Engine:
             gen.requests[req].new_tokens = len(out)
             gen.requests[req].finish_reason = gen.reasons[req]
         gen.stats.requests = gen.requests
-        gen.stats.seconds = time.perf_counter() - gen.t_start
+        gen.stats.seconds = _run_clock() - gen.t_start
+        gen.stats.measuring_seconds = machine_cache.measuring_seconds() - gen.measured_before
         gen.stats.drafter_report = self.drafter.report()  # the drafter-statistics doorway
         # Settings as they stood at the end: a drafter may state some from what it measured.
         gen.stats.drafter = self.drafter.describe()

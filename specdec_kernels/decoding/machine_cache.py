@@ -16,8 +16,10 @@ cache that cannot be written (read-only home) only costs the measurement in ever
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import time
 import json
 import os
 import platform
@@ -28,7 +30,7 @@ from typing import Callable
 import torch
 
 __all__ = ["cache_file", "code_revision", "cpu_model", "fingerprint", "forget", "lookup",
-           "measured", "store"]
+           "measured", "measuring", "measuring_seconds", "store"]
 
 
 def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
@@ -135,11 +137,35 @@ def forget(kind: str | None = None, where: dict | None = None) -> None:
         pass
 
 
+_measuring_total = 0.0  # seconds this process has spent measuring the machine
+
+
+@contextlib.contextmanager
+def measuring():
+    """Counts the time of its block as time spent measuring the machine
+    (:func:`measuring_seconds`)."""
+    global _measuring_total
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _measuring_total += time.perf_counter() - start
+
+
+def measuring_seconds() -> float:
+    """Seconds this process has spent measuring the machine so far (:func:`measured`'s
+    measurements and the step and draft costs of
+    :mod:`~specdec_kernels.decoding.calibration`, each once per machine and model, inside the
+    first run that needs it): the engine leaves them out of a run's timings."""
+    return _measuring_total
+
+
 def measured(kind: str, key: dict | None, measure: Callable[[], dict]) -> dict:
     """The stored measurement of ``kind`` for this machine and ``key``; ``measure()`` (then
     stored) when there is none."""
     found = lookup(kind, key)
     if found is None:
-        found = measure()
+        with measuring():
+            found = measure()
         store(kind, key, found)
     return found

@@ -85,7 +85,12 @@ class RunStats:
     batch_size : int
     seconds, prefill_seconds, drafter_seconds : float
         Wall time of the whole call (model loading excluded), of the prefill (target and
-        drafter), and spent in the drafter (proposing and updating itself) during decoding.
+        drafter), and spent in the drafter (proposing and updating itself) during decoding;
+        the time of ``measuring_seconds`` left out of all three.
+    measuring_seconds : float
+        Wall time spent during the call measuring the machine (kernel paths, step and draft
+        costs: once per model and machine, :mod:`~specdec_kernels.decoding.machine_cache`);
+        0 once they are kept.
     target_forwards : int
         Verification forwards of the target (prefill excluded); with a batch, one forward
         serves every running request.
@@ -104,6 +109,7 @@ class RunStats:
     seconds: float = 0.0
     prefill_seconds: float = 0.0
     drafter_seconds: float = 0.0
+    measuring_seconds: float = 0.0
     target_forwards: int = 0
     requests: list = field(default_factory=list)
     drafter_report: dict = field(default_factory=dict)
@@ -156,6 +162,7 @@ class RunStats:
             "prefill_seconds": self.prefill_seconds,
             "decode_seconds": self.decode_seconds,
             "drafter_seconds": self.drafter_seconds,
+            "measuring_seconds": self.measuring_seconds,
             "drafter_time_share": self.drafter_time_share,
             "tokens_per_second": self.tokens_per_second,
             "target_forwards": self.target_forwards,
@@ -178,6 +185,8 @@ class RunStats:
             + (f", acceptance by depth [{rates}]" if rates else "")
             + _prophet_summary(self.drafter_report)
             + _kernel_summary(self.kernels)
+            + (f"; first measured this machine's costs ({self.measuring_seconds:.1f}s, once; "
+               "not counted above)" if self.measuring_seconds > 0 else "")
         )
 
 
