@@ -19,11 +19,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import time
 import json
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
