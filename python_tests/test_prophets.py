@@ -369,6 +369,23 @@ def test_quantized_copy_leaves_the_target_alone(tiny):
             QuantizedSelfDrafter(rerank=bad)
 
 
+def test_quantized_self_on_a_quantized_target_says_why_it_rarely_drafts(tiny, capsys):
+    """A target whose linears are quantized already (a GGUF model at its file's precision): the
+    copy keeps them, which looks like plain decoding, so the drafter says so on stderr, once
+    per target; a float32 target gets no such note."""
+    from specdec_kernels.decoding import ModelRunner
+    from specdec_kernels.decoding.quantized import quantized_copy
+
+    QuantizedSelfDrafter(num_draft=2).bind(ModelRunner(tiny), None)
+    assert "precision already" not in capsys.readouterr().err
+    quantized = quantized_copy(tiny, bits=4, group=32)  # stands for a file-precision target
+    QuantizedSelfDrafter(num_draft=2).bind(ModelRunner(quantized), None)
+    err = capsys.readouterr().err
+    assert "at its file's precision already" in err and "--weights float32" in err
+    QuantizedSelfDrafter(num_draft=2).bind(ModelRunner(quantized), None)
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("head_bits", [4, 8])
 def test_quantized_copy_holds_its_lm_head_at_head_bits(tiny, head_bits):
     """The layers at 4 bits, the LM head at ``head_bits``; a tied embedding stays the

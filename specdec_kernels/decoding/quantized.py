@@ -18,6 +18,7 @@ output the target's either way.
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -42,6 +43,8 @@ SMALLEST_GROUP = {4: 32, 8: 16}
 # One quantized copy per (target model object, bits, group): quantizing takes seconds.
 _COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _GGUF_DRAFTS: dict = {}
+# Targets already told (on stderr) that their weights are quantized already.
+_TOLD: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def quantized_copy(model, bits: int = 4, group: int = 32, head_bits: int | None = None,
@@ -181,6 +184,15 @@ class QuantizedSelfDrafter(DraftModelDrafter):
         return copies[key]
 
     def bind(self, runner: ModelRunner, tokenizer) -> None:
+        if self.gguf is None and _quantized_linears(runner.model) and runner.model not in _TOLD:
+            # The copy keeps weights that are quantized already: on a GGUF target at its
+            # file's precision only the LM head changes, and the measured draft cost then
+            # rarely lets a draft pay. Said once per target, since it looks like plain decoding.
+            _TOLD.add(runner.model)
+            print("specdec: quantized-self: the target is at its file's precision already, so "
+                  "the copy keeps its weights and a draft costs about what a target forward "
+                  "does (few or no drafts); the drafter speeds up a target held at higher "
+                  "precision (--weights float32) with its int4 copy", file=sys.stderr)
         self.model = self._draft_model(runner.model, runner.dtype)
         self.runner = ModelRunner(self.model)
         super().bind(runner, tokenizer)
