@@ -293,11 +293,14 @@ def file_tensors(path: str | Path) -> tuple[str, list[FileTensor]]:
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = []
     for t in index["tensors"]:
-        dtype = np.dtype(t["dtype"])
-        end = t["offset"] + int(np.prod(t["data_shape"])) * dtype.itemsize
-        data = mapped[t["offset"]:end].view(dtype).reshape(t["data_shape"])
+        data = mapped[t["offset"]:_data_end(t)].view(t["dtype"]).reshape(t["data_shape"])
         tensors.append(FileTensor(t["name"], GGMLQuantizationType(t["type"]), tuple(t["shape"]), data))
     return index["architecture"], tensors
+
+
+def _data_end(entry: dict) -> int:
+    """The byte after an index entry's tensor data."""
+    return entry["offset"] + int(np.prod(entry["data_shape"])) * np.dtype(entry["dtype"]).itemsize
 
 
 def _read_index(index_file: Path, file_bytes: int) -> dict | None:
@@ -309,8 +312,7 @@ def _read_index(index_file: Path, file_bytes: int) -> dict | None:
         if index["version"] != _INDEX_VERSION or not isinstance(index["architecture"], str):
             return None
         for t in index["tensors"]:
-            end = t["offset"] + int(np.prod(t["data_shape"])) * np.dtype(t["dtype"]).itemsize
-            if not 0 <= t["offset"] <= end <= file_bytes:
+            if not 0 <= t["offset"] <= _data_end(t) <= file_bytes:
                 return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
